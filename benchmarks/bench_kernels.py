@@ -1,0 +1,295 @@
+"""Kernel benchmark: nf4-ops against bitsandbytes, cuBLAS bf16 and the measured memory ceilings, in one
+process, on the linear-layer shapes of Gemma-27B, Qwen3-32B and Llama-3.3-70B.
+
+Method (../shared/docs/performance.md): random weights quantized by bitsandbytes; each timed call runs
+inside a CUDA graph that cycles through enough weight copies that the working set exceeds L2; CUDA events
+around graph replays; the median of the replays. Ceilings: a 1 GiB device-to-device copy (bytes read +
+written, outside a graph) for dequantize, and the best of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV
+on 28672x8192 for gemv.
+
+    python benchmarks/bench_kernels.py [--quick] [--out DIR]
+
+Prints a table last and writes DIR/kernels.json and DIR/kernels.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+import nf4_ops
+
+BLOCKSIZE = 64
+QUANT_TYPE = "nf4"
+ROTATE_BYTES = 3 * 60 * 2**20  # three times the largest L2 here (H200: 60 MB)
+REPLAYS = 25
+
+
+@dataclass(frozen=True)
+class Layer:
+    model: str
+    name: str
+    n: int  # out_features
+    k: int  # in_features
+
+
+def model_layers(model: str, hidden: int, intermediate: int, q: int, kv: int) -> list[Layer]:
+    return [
+        Layer(model, "q", q, hidden),
+        Layer(model, "kv", kv, hidden),
+        Layer(model, "o", hidden, q),
+        Layer(model, "gate/up", intermediate, hidden),
+        Layer(model, "down", hidden, intermediate),
+    ]
+
+
+PAPER_LAYERS = (
+    model_layers("gemma-27b", 5376, 21504, 4096, 2048)
+    + model_layers("qwen3-32b", 5120, 25600, 8192, 1024)
+    + model_layers("llama3.3-70b", 8192, 28672, 8192, 1024)
+)
+
+
+@dataclass
+class Row:
+    layer: Layer
+    times_us: dict[str, float] = field(default_factory=dict)
+
+
+def graph_median_us(fn, inputs: list) -> float:
+    """Median time of one fn(*inputs[i]) call: a CUDA graph calls fn on every input set in turn."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for args in inputs:  # warm-up (lazy init, workspace allocation) outside the graph
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in inputs:
+            fn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(inputs))
+    del graph
+    return statistics.median(times)
+
+
+def event_median_us(fn, repeats: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def measure_ceilings() -> dict[str, float]:
+    """Bandwidths in GB/s, measured now on this GPU."""
+    nbytes = 2**30
+    src = torch.randn(nbytes // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_us = event_median_us(lambda: dst.copy_(src))
+    sum_us = event_median_us(lambda: src.sum(dtype=torch.float32))
+    weight = torch.randn(28672, 8192, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 8192, device="cuda", dtype=torch.bfloat16)
+    gemv_us = graph_median_us(lambda: torch.nn.functional.linear(x, weight), [()])
+    del src, dst
+    return {
+        "copy_GBps": 2 * nbytes / copy_us / 1e3,
+        "read_sum_GBps": nbytes / sum_us / 1e3,
+        "read_cublas_gemv_GBps": weight.numel() * 2 / gemv_us / 1e3,
+    }
+
+
+def copies_for(nbytes_per_call: int) -> int:
+    return max(2, min(16, math.ceil(ROTATE_BYTES / max(nbytes_per_call, 1))))
+
+
+def dequantize_bytes(layer: Layer, nested: bool, out_bytes: int = 2) -> int:
+    numel = layer.n * layer.k
+    blocks = numel // BLOCKSIZE
+    absmax = blocks + 4 * math.ceil(blocks / 256) if nested else 4 * blocks
+    return numel // 2 + absmax + numel * out_bytes
+
+
+def gemv_bytes(layer: Layer, rows: int) -> int:
+    numel = layer.n * layer.k
+    return numel // 2 + 4 * numel // BLOCKSIZE + 2 * rows * (layer.k + layer.n)
+
+
+def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
+    import bitsandbytes.functional as bnbf
+
+    row = Row(layer)
+    weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
+    for nested in (False, True):
+        tag = "nested" if nested else "plain"
+        count = copies_for(dequantize_bytes(layer, nested))
+        quantized = [
+            bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, compress_statistics=nested, quant_type=QUANT_TYPE)
+            for _ in range(count)
+        ]
+        row.times_us[f"nf4ops_dequant_{tag}"] = graph_median_us(
+            lambda p, s: nf4_ops.dequantize(p, s, torch.bfloat16), quantized
+        )
+        row.times_us[f"bnb_dequant_{tag}"] = graph_median_us(lambda p, s: bnbf.dequantize_4bit(p, s), quantized)
+        if nested:
+            continue
+        for rows in row_counts:
+            count = copies_for(gemv_bytes(layer, rows))
+            quantized = quantized[:count] + [
+                bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE)
+                for _ in range(count - len(quantized))
+            ]
+            x = torch.randn(rows, layer.k, device="cuda", dtype=torch.bfloat16)
+            row.times_us[f"nf4ops_gemv_M{rows}"] = graph_median_us(
+                lambda p, s: nf4_ops.gemv(x, p, s), quantized
+            )
+            row.times_us[f"bnb_gemv_M{rows}"] = graph_median_us(
+                lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s), quantized
+            )
+            dense = [(weight.clone(),) for _ in range(copies_for(layer.n * layer.k * 2))]
+            row.times_us[f"cublas_gemv_M{rows}"] = graph_median_us(
+                lambda w: torch.nn.functional.linear(x, w), dense
+            )
+            del dense
+    del weight
+    torch.cuda.empty_cache()
+    return row
+
+
+def table(rows: list[Row], ceilings: dict[str, float], row_counts: list[int]) -> str:
+    copy_ceiling = ceilings["copy_GBps"]
+    read_ceiling = max(ceilings["read_sum_GBps"], ceilings["read_cublas_gemv_GBps"])
+    header = ["model", "layer", "NxK", "deq us (plain/nested)", "% copy ceil", "bnb deq us", "x bnb deq"]
+    for m in row_counts:
+        header += [f"M={m} us", f"M={m} % read ceil" if m == 1 else f"M={m} / M=1", f"x bnb M={m}", f"x cuBLAS M={m}"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        t, lay = r.times_us, r.layer
+        plain, nested = t["nf4ops_dequant_plain"], t["nf4ops_dequant_nested"]
+        pct = 100 * dequantize_bytes(lay, False) / plain / 1e3 / copy_ceiling
+        pct_n = 100 * dequantize_bytes(lay, True) / nested / 1e3 / copy_ceiling
+        cells = [
+            lay.model, lay.name, f"{lay.n}x{lay.k}", f"{plain:.1f} / {nested:.1f}", f"{pct:.0f} / {pct_n:.0f}",
+            f"{t['bnb_dequant_plain']:.1f} / {t['bnb_dequant_nested']:.1f}",
+            f"{t['bnb_dequant_plain'] / plain:.2f} / {t['bnb_dequant_nested'] / nested:.2f}",
+        ]  # fmt: skip
+        for m in row_counts:
+            ours = t[f"nf4ops_gemv_M{m}"]
+            second = (
+                f"{100 * gemv_bytes(lay, 1) / ours / 1e3 / read_ceiling:.0f}"
+                if m == 1
+                else f"{ours / t['nf4ops_gemv_M1']:.2f}"
+            )
+            cells += [f"{ours:.1f}", second, f"{t[f'bnb_gemv_M{m}'] / ours:.2f}", f"{t[f'cublas_gemv_M{m}'] / ours:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], ceilings: dict[str, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.layer.model}\n{r.layer.name}" for r in rows]
+    copy_ceiling = ceilings["copy_GBps"]
+    fig, axes = plt.subplots(2, 1, figsize=(14, 8), sharex=True)
+    width = 0.2
+    xs = range(len(rows))
+    for i, (key, nested, label) in enumerate([
+        ("nf4ops_dequant_plain", False, "nf4-ops plain"), ("bnb_dequant_plain", False, "bnb plain"),
+        ("nf4ops_dequant_nested", True, "nf4-ops nested"), ("bnb_dequant_nested", True, "bnb nested"),
+    ]):  # fmt: skip
+        pct = [100 * dequantize_bytes(r.layer, nested) / r.times_us[key] / 1e3 / copy_ceiling for r in rows]
+        axes[0].bar([x + (i - 1.5) * width for x in xs], pct, width, label=label)
+    axes[0].set_ylabel("dequantize, % of copy ceiling")
+    axes[0].axhline(100, color="k", lw=0.5)
+    axes[0].legend(ncol=4)
+    for i, (prefix, label) in enumerate([("nf4ops", "nf4-ops"), ("bnb", "bnb"), ("cublas", "cuBLAS bf16")]):
+        axes[1].bar([x + (i - 1) * width for x in xs], [r.times_us[f"{prefix}_gemv_M1"] for r in rows], width,
+                    label=label)
+    axes[1].set_ylabel("M=1 GEMV time, us")
+    axes[1].set_yscale("log")
+    axes[1].legend(ncol=3)
+    axes[1].set_xticks(list(xs), labels, fontsize=7)
+    fig.suptitle(f"{torch.cuda.get_device_name()}: nf4-ops vs bitsandbytes (NF4, blocksize {BLOCKSIZE}, bf16)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="Llama-3.3-70B's layers only")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="rows of x for gemv")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_kernels: needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
+    import bitsandbytes as bnb
+
+    layers = [l for l in PAPER_LAYERS if l.model == "llama3.3-70b"] if args.quick else PAPER_LAYERS
+    env = {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "bitsandbytes": bnb.__version__,
+        "driver": _driver_version(),
+        "command": " ".join(sys.argv),
+    }
+    print(f"== {env}", flush=True)
+    ceilings = measure_ceilings()
+    print(f"== ceilings (GB/s): {ceilings}", flush=True)
+    rows = []
+    for i, layer in enumerate(layers):
+        start = time.time()
+        rows.append(bench_layer(layer, args.rows, bnb))
+        print(f"[{i + 1}/{len(layers)}] {layer.model} {layer.name} {layer.n}x{layer.k}: {time.time() - start:.1f}s",
+              flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kernels.json").write_text(json.dumps(
+        {"env": env, "ceilings_GBps": ceilings, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
+         "rows": [{"layer": asdict(r.layer), "times_us": r.times_us} for r in rows]}, indent=1))  # fmt: skip
+    plot(rows, ceilings, args.out / "kernels.png")
+    print(f"\n{env['gpu']}, torch {env['torch']}, bitsandbytes {env['bitsandbytes']}, driver {env['driver']}")
+    print(f"copy ceiling {ceilings['copy_GBps']:.0f} GB/s, read ceiling "
+          f"{max(ceilings['read_sum_GBps'], ceilings['read_cublas_gemv_GBps']):.0f} GB/s; times are medians in us")
+    print(table(rows, ceilings, args.rows))
+    return 0
+
+
+def _driver_version() -> str:
+    try:
+        import subprocess
+
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+// The one argument validator of both ops, called by the Meta, CPU and CUDA kernels alike. Sizes are
+// checked symbolically (TORCH_SYM_CHECK) so the same checks run under fake tensors and dynamic shapes.
+#include "ops.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/SymBool.h>
+
+namespace nf4 {
+namespace {
+
+constexpr int64_t kMinBlocksize = 32;
+constexpr int64_t kMaxBlocksize = 4096;
+constexpr int64_t kNestedCodeEntries = 256;
+
+bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+c10::SymInt ceil_div(const c10::SymInt& a, int64_t b) { return (a + (b - 1)) / b; }
+
+void check_blocksize(const char* op, const char* name, int64_t value) {
+  TORCH_CHECK(is_power_of_two(value) && value >= kMinBlocksize && value <= kMaxBlocksize, op, ": ", name,
+              " must be a power of two in [", kMinBlocksize, ", ", kMaxBlocksize, "], got ", value);
+}
+
+void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& packed) {
+  TORCH_CHECK(t.device() == packed.device(), op, ": ", name, " must be on the same device as packed (",
+              packed.device(), "), got ", t.device());
+}
+
+void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.sym_strides(),
+              " for sizes ", t.sym_sizes());
+}
+
+void check_dtype(const char* op, const char* name, const at::Tensor& t, at::ScalarType expected,
+                 const char* why = "") {
+  TORCH_CHECK(t.scalar_type() == expected, op, ": ", name, " must be ", c10::toString(expected), why,
+              ", got ", c10::toString(t.scalar_type()));
+}
+
+void check_numel(const char* op, const char* name, const at::Tensor& t, const c10::SymInt& expected,
+                 const char* what) {
+  TORCH_SYM_CHECK(t.sym_numel().sym_eq(expected), op, ": ", name, " must have ", what, " = ", expected,
+                  " elements, got ", t.sym_numel());
+}
+
+bool is_activation_dtype(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat;
+}
+
+}  // namespace
+
+WeightSpec check_weight_args(const char* op, const at::Tensor& packed, const at::Tensor& absmax,
+                             int64_t blocksize, c10::string_view quant_type, c10::SymIntArrayRef shape,
+                             const OptTensor& nested_absmax, const OptTensor& nested_code,
+                             const OptTensor& nested_offset, int64_t nested_blocksize) {
+  WeightSpec spec{};
+  if (quant_type == "nf4") {
+    spec.quant_type = QuantType::NF4;
+  } else if (quant_type == "fp4") {
+    spec.quant_type = QuantType::FP4;
+  } else {
+    TORCH_CHECK(false, op, ": quant_type must be \"nf4\" or \"fp4\", got \"", std::string(quant_type), "\"");
+  }
+  check_blocksize(op, "blocksize", blocksize);
+  spec.blocksize_log2 = log2_exact(blocksize);
+
+  TORCH_CHECK(shape.size() == 2, op, ": shape must be [N, K] (2 values), got ", shape.size(), " values ",
+              shape);
+  spec.rows = shape[0];
+  spec.cols = shape[1];
+  TORCH_SYM_CHECK(spec.rows.sym_gt(0), op, ": shape[0] (N) must be positive, got ", spec.rows);
+  TORCH_SYM_CHECK(spec.cols.sym_gt(0), op, ": shape[1] (K) must be positive, got ", spec.cols);
+  const c10::SymInt numel = spec.rows * spec.cols;
+
+  // packed: bytes are bytes, whatever the storage dtype; bitsandbytes may pad up to one storage element.
+  check_contiguous(op, "packed", packed);
+  const int64_t storage_bytes = static_cast<int64_t>(packed.element_size());
+  const c10::SymInt packed_bytes = packed.sym_numel() * storage_bytes;
+  const c10::SymInt needed_bytes = ceil_div(numel, 2);
+  TORCH_SYM_CHECK(packed_bytes.sym_ge(needed_bytes).sym_and(packed_bytes.sym_lt(needed_bytes + storage_bytes)),
+                  op, ": packed must hold ceil(N*K/2) = ", needed_bytes, " bytes for shape ", shape,
+                  " (plus at most one ", c10::toString(packed.scalar_type()), " element of padding), got ",
+                  packed_bytes, " bytes (", packed.sym_numel(), " x ", c10::toString(packed.scalar_type()), ")");
+
+  const int given = int(nested_absmax.has_value()) + int(nested_code.has_value()) + int(nested_offset.has_value());
+  TORCH_CHECK(given == 0 || given == 3, op,
+              ": nested_absmax, nested_code and nested_offset must be given together (bitsandbytes' "
+              "state2.absmax, state2.code and offset) or not at all, got ",
+              nested_absmax.has_value() ? "nested_absmax " : "", nested_code.has_value() ? "nested_code " : "",
+              nested_offset.has_value() ? "nested_offset " : "", "only");
+  spec.nested = given == 3;
+
+  const c10::SymInt blocks = ceil_div(numel, blocksize);
+  check_same_device(op, "absmax", absmax, packed);
+  check_contiguous(op, "absmax", absmax);
+  check_numel(op, "absmax", absmax, blocks, "ceil(N*K/blocksize)");
+  if (!spec.nested) {
+    check_dtype(op, "absmax", absmax, at::kFloat, " (or uint8 codes when nested_* are given)");
+    spec.nested_blocksize_log2 = 0;
+    return spec;
+  }
+  check_dtype(op, "absmax", absmax, at::kByte, " (codes) when nested_* are given");
+  check_blocksize(op, "nested_blocksize", nested_blocksize);
+  spec.nested_blocksize_log2 = log2_exact(nested_blocksize);
+
+  const at::Tensor& n_absmax = *nested_absmax;
+  check_same_device(op, "nested_absmax", n_absmax, packed);
+  check_contiguous(op, "nested_absmax", n_absmax);
+  check_dtype(op, "nested_absmax", n_absmax, at::kFloat);
+  check_numel(op, "nested_absmax", n_absmax, ceil_div(blocks, nested_blocksize),
+              "ceil(absmax.numel()/nested_blocksize)");
+
+  const at::Tensor& n_code = *nested_code;
+  check_same_device(op, "nested_code", n_code, packed);
+  check_contiguous(op, "nested_code", n_code);
+  check_dtype(op, "nested_code", n_code, at::kFloat);
+  check_numel(op, "nested_code", n_code, kNestedCodeEntries, "the 8-bit map's");
+
+  const at::Tensor& n_offset = *nested_offset;
+  check_same_device(op, "nested_offset", n_offset, packed);
+  check_dtype(op, "nested_offset", n_offset, at::kFloat);
+  check_numel(op, "nested_offset", n_offset, 1, "one offset");
+  return spec;
+}
+
+WeightSpec check_dequantize_args(const at::Tensor& packed, const at::Tensor& absmax, int64_t blocksize,
+                                 c10::string_view quant_type, c10::SymIntArrayRef shape, at::ScalarType dtype,
+                                 const OptTensor& nested_absmax, const OptTensor& nested_code,
+                                 const OptTensor& nested_offset, int64_t nested_blocksize) {
+  constexpr const char* op = "nf4::dequantize";
+  TORCH_CHECK(is_activation_dtype(dtype), op, ": dtype must be Half, BFloat16 or Float, got ",
+              c10::toString(dtype));
+  return check_weight_args(op, packed, absmax, blocksize, quant_type, shape, nested_absmax, nested_code,
+                           nested_offset, nested_blocksize);
+}
+
+WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& absmax,
+                           int64_t blocksize, c10::string_view quant_type, c10::SymIntArrayRef shape,
+                           const OptTensor& bias, const OptTensor& nested_absmax, const OptTensor& nested_code,
+                           const OptTensor& nested_offset, int64_t nested_blocksize) {
+  constexpr const char* op = "nf4::gemv";
+  WeightSpec spec = check_weight_args(op, packed, absmax, blocksize, quant_type, shape, nested_absmax,
+                                      nested_code, nested_offset, nested_blocksize);
+  TORCH_CHECK(is_activation_dtype(x.scalar_type()), op, ": x must be Half, BFloat16 or Float, got ",
+              c10::toString(x.scalar_type()));
+  TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., K], got a 0-dim tensor");
+  check_same_device(op, "x", x, packed);
+  TORCH_SYM_CHECK(x.sym_size(-1).sym_eq(spec.cols), op, ": x's last dimension must equal K = shape[1] = ",
+                  spec.cols, ", got x of shape ", x.sym_sizes());
+  if (bias.has_value()) {
+    const at::Tensor& b = *bias;
+    check_same_device(op, "bias", b, packed);
+    check_dtype(op, "bias", b, x.scalar_type(), " (x's dtype)");
+    TORCH_CHECK(b.dim() == 1, op, ": bias must be 1-D [N], got shape ", b.sym_sizes());
+    check_numel(op, "bias", b, spec.rows, "N = shape[0]");
+  }
+  return spec;
+}
+
+BlockScales block_scales(const WeightSpec& spec, const at::Tensor& absmax, const OptTensor& nested_absmax,
+                         const OptTensor& nested_code, const OptTensor& nested_offset) {
+  BlockScales scales;
+  if (!spec.nested) {
+    scales.absmax = absmax.const_data_ptr<float>();
+    return scales;
+  }
+  scales.codes = absmax.const_data_ptr<uint8_t>();
+  scales.absmax2 = nested_absmax->const_data_ptr<float>();
+  scales.code2 = nested_code->const_data_ptr<float>();
+  scales.offset = nested_offset->const_data_ptr<float>();
+  scales.nested_blocksize_log2 = spec.nested_blocksize_log2;
+  return scales;
+}
+
+c10::SymDimVector gemv_output_shape(const at::Tensor& x, const c10::SymInt& rows) {
+  c10::SymDimVector out_shape(x.sym_sizes().begin(), x.sym_sizes().end());
+  out_shape.back() = rows;
+  return out_shape;
+}
+
+}  // namespace nf4

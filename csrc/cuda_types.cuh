@@ -1,0 +1,63 @@
+// Device-side helpers shared by the CUDA kernels: the torch -> CUDA scalar type map and the conversions
+// to and from fp32 (round to nearest even, as bitsandbytes and torch do).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace nf4 {
+
+template <typename TorchT>
+struct CudaScalar;
+template <>
+struct CudaScalar<float> {
+  using type = float;
+};
+template <>
+struct CudaScalar<c10::Half> {
+  using type = __half;
+};
+template <>
+struct CudaScalar<c10::BFloat16> {
+  using type = __nv_bfloat16;
+};
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Whether a pointer allows 16-byte vector access.
+inline bool is_aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Loads the 16 packed bytes of 32 consecutive elements (element 32*chunk .. 32*chunk+31).
+__device__ __forceinline__ uint4 load_packed_chunk(const uint8_t* packed, int64_t chunk) {
+  return __ldg(reinterpret_cast<const uint4*>(packed) + chunk);
+}
+
+// The 32 code values of one packed chunk, scaled: w[i] = code[nibble(i)] * scale in fp32.
+__device__ __forceinline__ void decode_chunk(uint4 raw, const float* table, float scale, float (&w)[32]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int word = 0; word < 4; ++word) {
+#pragma unroll
+    for (int byte = 0; byte < 4; ++byte) {
+      const uint32_t b = (words[word] >> (8 * byte)) & 0xFF;
+      const int element = 8 * word + 2 * byte;  // the even element is the high nibble
+      w[element] = __fmul_rn(table[b >> 4], scale);
+      w[element + 1] = __fmul_rn(table[b & 0x0F], scale);
+    }
+  }
+}
+
+}  // namespace nf4

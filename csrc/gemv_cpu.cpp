@@ -1,0 +1,72 @@
+// nf4::gemv on the CPU. Few rows: each W row is dequantized once to fp32 and dotted with every x row,
+// accumulating in fp32. Many rows: W is dequantized once and the dense CPU matmul does the rest.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "ops.h"
+
+namespace nf4 {
+namespace {
+
+// out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), all in fp32; x_f32 is [M, K] contiguous.
+template <typename scalar_t>
+void fused_gemv_cpu(const WeightSpec& spec, const uint8_t* bytes, const BlockScales& scales,
+                    const at::Tensor& x_f32, const float* bias_f32, scalar_t* out) {
+  const int64_t rows = spec.rows.expect_int();
+  const int64_t cols = spec.cols.expect_int();
+  const int64_t x_rows = x_f32.size(0);
+  const float* x = x_f32.const_data_ptr<float>();
+  const CodeTable table = code_table(spec.quant_type);
+  const int64_t grain_rows = std::max<int64_t>(1, at::internal::GRAIN_SIZE / cols);
+
+  at::parallel_for(0, rows, grain_rows, [&](int64_t row_begin, int64_t row_end) {
+    std::vector<float> w_row(cols);
+    for (int64_t n = row_begin; n < row_end; ++n) {
+      dequantize_elements(bytes, scales, table, spec.blocksize_log2, n * cols, (n + 1) * cols, w_row.data(),
+                          [](float v) { return v; });
+      for (int64_t m = 0; m < x_rows; ++m) {
+        float acc = dot_f32(x + m * cols, w_row.data(), cols);
+        if (bias_f32 != nullptr) acc += bias_f32[n];
+        out[m * rows + n] = static_cast<scalar_t>(acc);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
+  const WeightSpec spec = check_gemv_args(x, packed, absmax, blocksize, quant_type, shape, bias, nested_absmax,
+                                          nested_code, nested_offset, nested_blocksize);
+  const int64_t rows = spec.rows.expect_int();
+  const int64_t cols = spec.cols.expect_int();
+  const at::Tensor x_2d = x.reshape({-1, cols});
+  const int64_t x_rows = x_2d.size(0);
+  const c10::SymDimVector out_shape = gemv_output_shape(x, spec.rows);
+
+  if (x_rows > kFusedGemvMaxRows) {
+    const at::Tensor w = dequantize_cpu(packed, absmax, blocksize, quant_type, shape, at::kFloat, nested_absmax,
+                                        nested_code, nested_offset, nested_blocksize);
+    const OptTensor bias_f32 = bias.has_value() ? OptTensor(bias->to(at::kFloat)) : std::nullopt;
+    return at::linear(x_2d.to(at::kFloat), w, bias_f32).to(x.scalar_type()).reshape_symint(out_shape);
+  }
+
+  at::Tensor out = at::empty({x_rows, rows}, x.options());
+  if (x_rows == 0) return out.reshape_symint(out_shape);
+  const at::Tensor x_f32 = x_2d.to(at::kFloat).contiguous();
+  const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
+  const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
+  NF4_DISPATCH_FLOAT_TYPES(x.scalar_type(), "nf4::gemv", [&] {
+    fused_gemv_cpu<scalar_t>(spec, bytes, scales, x_f32, bias_f32.defined() ? bias_f32.const_data_ptr<float>() : nullptr,
+                             out.mutable_data_ptr<scalar_t>());
+  });
+  return out.reshape_symint(out_shape);
+}
+
+TORCH_LIBRARY_IMPL(nf4, CPU, m) { m.impl("gemv", &gemv_cpu); }
+
+}  // namespace nf4

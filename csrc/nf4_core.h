@@ -1,0 +1,131 @@
+// Torch-free core of the bitsandbytes 4-bit format: the code tables, the nibble order, the block and
+// nested-absmax math, and the scalar dequantize / dot loops the CPU kernels run. Everything here compiles
+// for the host and, under nvcc, for the device, so the CPU kernels, the CUDA kernels and the Catch2 tests
+// all read the format from this one file (see ../shared/docs/bnb-format.md for where each fact comes from).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define NF4_HD __host__ __device__ __forceinline__
+#else
+#define NF4_HD inline
+#endif
+
+namespace nf4 {
+
+enum class QuantType : int { NF4 = 0, FP4 = 1 };
+
+// The 16 dequantized code values, indexed by nibble. Exact fp32 values of bitsandbytes' tables:
+// NF4 as bitsandbytes lists it; FP4 is {0, 0.0625, 8, 12, 4, 6, 2, 3} / 12 with the sign in bit 3.
+// Nibble 8 of FP4 is -0.0, as bitsandbytes' CUDA and C++ CPU kernels give (its pure-PyTorch fallback
+// gives +0.0, which compares equal).
+struct CodeTable {
+  float value[16];
+};
+
+NF4_HD constexpr CodeTable code_table(QuantType quant_type) {
+  return quant_type == QuantType::NF4
+             ? CodeTable{{-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+                          -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                          0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f,
+                          0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
+                          0.7229568362236023f, 1.0f}}
+             : CodeTable{{0.0f, 0.0625f / 12.0f, 8.0f / 12.0f, 12.0f / 12.0f, 4.0f / 12.0f, 6.0f / 12.0f,
+                          2.0f / 12.0f, 3.0f / 12.0f, -0.0f, -0.0625f / 12.0f, -8.0f / 12.0f,
+                          -12.0f / 12.0f, -4.0f / 12.0f, -6.0f / 12.0f, -2.0f / 12.0f, -3.0f / 12.0f}};
+}
+
+// Nibble of flat element e: byte e/2 holds elements 2j (HIGH nibble) and 2j+1 (low nibble).
+NF4_HD uint8_t nibble_of_byte(uint8_t byte, int64_t element) {
+  return (element & 1) ? (byte & 0x0F) : (byte >> 4);
+}
+
+NF4_HD uint8_t nibble_at(const uint8_t* packed, int64_t element) {
+  return nibble_of_byte(packed[element >> 1], element);
+}
+
+// fp32 multiply and add, each rounded once. bitsandbytes rounds after the multiply and again after the
+// add; a fused multiply-add would give a different last bit, so device code uses the _rn intrinsics
+// (which nvcc never contracts) and host code is built with -ffp-contract=off.
+NF4_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+NF4_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// Where the per-block scale (absmax) of the outer blocks comes from.
+//  plain:  absmax[b] (fp32).
+//  nested: fp32(fp32(code2[codes[b]] * absmax2[b / nested_blocksize]) + *offset), bitsandbytes'
+//          dequantize_blockwise of the uint8 codes followed by `+= offset`.
+struct BlockScales {
+  const float* absmax = nullptr;    // plain fp32 absmax, or nullptr when nested
+  const uint8_t* codes = nullptr;   // nested: uint8 absmax codes
+  const float* code2 = nullptr;     // nested: the 256-entry dynamic map (state2.code)
+  const float* absmax2 = nullptr;   // nested: state2.absmax, one per nested block
+  const float* offset = nullptr;    // nested: pointer to the fp32 offset (read where the data lives)
+  int nested_blocksize_log2 = 8;
+
+  NF4_HD bool nested() const { return absmax == nullptr; }
+
+  NF4_HD float at(int64_t block) const {
+    if (!nested()) return absmax[block];
+    const float scaled = mul_rn(code2[codes[block]], absmax2[block >> nested_blocksize_log2]);
+    return add_rn(scaled, *offset);
+  }
+};
+
+// One dequantized value before rounding to the output type: code * absmax in fp32 (one rounding).
+NF4_HD float dequantize_value(const CodeTable& table, uint8_t nibble, float scale) {
+  return mul_rn(table.value[nibble], scale);
+}
+
+NF4_HD int log2_exact(int64_t power_of_two) {
+  int log2 = 0;
+  while ((int64_t{1} << log2) < power_of_two) ++log2;
+  return log2;
+}
+
+// Dequantizes flat elements [begin, end) into out[0 .. end-begin), converting each fp32 value with
+// `convert` (round to nearest even for fp16/bf16). The scale is fetched once per block, not per element.
+template <typename OutT, typename Convert>
+inline void dequantize_elements(const uint8_t* packed, const BlockScales& scales, const CodeTable& table,
+                                int blocksize_log2, int64_t begin, int64_t end, OutT* out, Convert convert) {
+  int64_t e = begin;
+  while (e < end) {
+    const int64_t block = e >> blocksize_log2;
+    const int64_t block_end_raw = (block + 1) << blocksize_log2;
+    const int64_t block_end = block_end_raw < end ? block_end_raw : end;
+    const float scale = scales.at(block);
+    for (; e < block_end; ++e) {
+      out[e - begin] = convert(dequantize_value(table, nibble_at(packed, e), scale));
+    }
+  }
+}
+
+// sum_k a[k] * b[k] in fp32 over 8 interleaved partial sums: a shorter rounding chain than one running
+// sum (closer to the exact dot product) and independent lanes the compiler can vectorise.
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 8;
+  float partial[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    for (int lane = 0; lane < kLanes; ++lane) partial[lane] += a[k + lane] * b[k + lane];
+  }
+  for (; k < n; ++k) partial[k % kLanes] += a[k] * b[k];
+  float sum = 0.0f;
+  for (int lane = 0; lane < kLanes; ++lane) sum += partial[lane];
+  return sum;
+}
+
+}  // namespace nf4

@@ -1,0 +1,79 @@
+// Host-side declarations shared by the registration, the CPU kernels and the CUDA kernels: the one
+// argument validator every kernel (Meta, CPU, CUDA) calls, and the kernel entry points.
+#pragma once
+
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
+#include <c10/util/string_view.h>
+
+#include <optional>
+
+#include "nf4_core.h"
+
+namespace nf4 {
+
+using OptTensor = std::optional<at::Tensor>;
+
+// What the validator learned about a packed weight; sizes stay symbolic for the Meta kernels.
+struct WeightSpec {
+  QuantType quant_type;
+  c10::SymInt rows;  // N
+  c10::SymInt cols;  // K
+  int blocksize_log2;
+  int nested_blocksize_log2;
+  bool nested;
+};
+
+// Checks every weight argument of both ops and throws a message that names the op, the argument, what
+// was expected and what was found. `op` is "nf4::dequantize" or "nf4::gemv".
+WeightSpec check_weight_args(const char* op, const at::Tensor& packed, const at::Tensor& absmax,
+                             int64_t blocksize, c10::string_view quant_type, c10::SymIntArrayRef shape,
+                             const OptTensor& nested_absmax, const OptTensor& nested_code,
+                             const OptTensor& nested_offset, int64_t nested_blocksize);
+
+WeightSpec check_dequantize_args(const at::Tensor& packed, const at::Tensor& absmax, int64_t blocksize,
+                                 c10::string_view quant_type, c10::SymIntArrayRef shape, at::ScalarType dtype,
+                                 const OptTensor& nested_absmax, const OptTensor& nested_code,
+                                 const OptTensor& nested_offset, int64_t nested_blocksize);
+
+WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& absmax,
+                           int64_t blocksize, c10::string_view quant_type, c10::SymIntArrayRef shape,
+                           const OptTensor& bias, const OptTensor& nested_absmax, const OptTensor& nested_code,
+                           const OptTensor& nested_offset, int64_t nested_blocksize);
+
+// Raw pointers to the (validated) absmax data, for the kernels.
+BlockScales block_scales(const WeightSpec& spec, const at::Tensor& absmax, const OptTensor& nested_absmax,
+                         const OptTensor& nested_code, const OptTensor& nested_offset);
+
+// The output shape of gemv: x's leading dims followed by N.
+c10::SymDimVector gemv_output_shape(const at::Tensor& x, const c10::SymInt& rows);
+
+// Dispatch over the three activation / output dtypes (the validator rejects every other dtype first).
+#define NF4_DISPATCH_FLOAT_TYPES(TYPE, NAME, ...)                                                   \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)                          \
+                                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)                       \
+                                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+// The op entry points, one per device (the schemas are in registration.cpp).
+#define NF4_DEQUANTIZE_PARAMS                                                                                 \
+  const at::Tensor &packed, const at::Tensor &absmax, int64_t blocksize, c10::string_view quant_type,       \
+      c10::SymIntArrayRef shape, at::ScalarType dtype, const OptTensor &nested_absmax,                       \
+      const OptTensor &nested_code, const OptTensor &nested_offset, int64_t nested_blocksize
+#define NF4_GEMV_PARAMS                                                                                       \
+  const at::Tensor &x, const at::Tensor &packed, const at::Tensor &absmax, int64_t blocksize,               \
+      c10::string_view quant_type, c10::SymIntArrayRef shape, const OptTensor &bias,                         \
+      const OptTensor &nested_absmax, const OptTensor &nested_code, const OptTensor &nested_offset,          \
+      int64_t nested_blocksize
+
+at::Tensor dequantize_cpu(NF4_DEQUANTIZE_PARAMS);
+at::Tensor gemv_cpu(NF4_GEMV_PARAMS);
+at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS);
+at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
+
+// Above this many rows of x, gemv dequantizes W once and calls the dense matmul library instead of the
+// fused kernel, because the weight is then reused by enough rows that a matrix-matrix product wins.
+// The CPU and CUDA kernels both follow it; the performance issues tune it per GPU.
+constexpr int64_t kFusedGemvMaxRows = 8;
+
+}  // namespace nf4

@@ -1,0 +1,50 @@
+// The only TORCH_LIBRARY(nf4, ...): every schema, the Meta kernels, and the Python module stub that lets
+// `import nf4_ops._C` load this library. CPU and CUDA kernels register themselves in their own files.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+namespace nf4 {
+namespace {
+
+// Meta kernels: the same validation as the real kernels, then an output of the right symbolic shape.
+at::Tensor dequantize_meta(NF4_DEQUANTIZE_PARAMS) {
+  const WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
+                                                nested_code, nested_offset, nested_blocksize);
+  return at::empty_symint({spec.rows, spec.cols}, packed.options().dtype(dtype));
+}
+
+at::Tensor gemv_meta(NF4_GEMV_PARAMS) {
+  const WeightSpec spec = check_gemv_args(x, packed, absmax, blocksize, quant_type, shape, bias, nested_absmax,
+                                          nested_code, nested_offset, nested_blocksize);
+  return at::empty_symint(gemv_output_shape(x, spec.rows), x.options());
+}
+
+}  // namespace
+}  // namespace nf4
+
+TORCH_LIBRARY(nf4, m) {
+  m.def(
+      "dequantize(Tensor packed, Tensor absmax, int blocksize, str quant_type, SymInt[] shape, ScalarType dtype, "
+      "Tensor? nested_absmax=None, Tensor? nested_code=None, Tensor? nested_offset=None, "
+      "int nested_blocksize=256) -> Tensor");
+  m.def(
+      "gemv(Tensor x, Tensor packed, Tensor absmax, int blocksize, str quant_type, SymInt[] shape, "
+      "Tensor? bias=None, Tensor? nested_absmax=None, Tensor? nested_code=None, Tensor? nested_offset=None, "
+      "int nested_blocksize=256) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(nf4, Meta, m) {
+  m.impl("dequantize", &nf4::dequantize_meta);
+  m.impl("gemv", &nf4::gemv_meta);
+}
+
+// `import nf4_ops._C` needs a module init function; the ops register when the library loads.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "nf4 torch operators (torch.ops.nf4)", -1,
+                                   nullptr};
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The whole suite on a machine with an NVIDIA GPU, in one command: build the extension for this GPU, run
+# the tests (CUDA ones included), compute-sanitizer memcheck and racecheck, and the kernel benchmark.
+# Prints a short table last; full logs, JSON and PNG go to $OUT (default ./gpu-out).
+#   bash scripts/gpu_suite.sh [--quick]     (--quick: benchmark Llama-3.3-70B's layers only)
+# Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
+# (see README, "GPU suite").
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-$PWD/gpu-out}"
+mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+BENCH_ARGS=()
+[ "${1:-}" = "--quick" ] && BENCH_ARGS+=(--quick)
+[ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
+
+summary=()
+step() {  # step NAME COMMAND...: runs it, logs to $OUT/NAME.log, records status, time and last line
+  local name=$1; shift
+  local start=$SECONDS
+  echo "== $name: $*"
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  local result="PASS"; [ $rc -eq 0 ] || result="FAIL (exit $rc)"
+  summary+=("$(printf '| %-10s | %-15s | %5ss | %s |' "$name" "$result" $((SECONDS - start)) \
+    "$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-110)")")
+  return $rc
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+"$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])" | tee -a "$OUT/gpu.txt"
+"$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 1 | tee -a "$OUT/gpu.txt"
+ARCH=$("$PY" -c "import torch; print('.'.join(map(str, torch.cuda.get_device_capability())))")
+
+if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.py build_ext --inplace; then
+  step pytest "$PY" -m pytest tests -q -p no:cacheprovider
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
+  step bench "$PY" benchmarks/bench_kernels.py --out "$OUT" "${BENCH_ARGS[@]}"
+fi
+
+echo
+cat "$OUT/gpu.txt"
+[ -f "$OUT/bench.log" ] && sed -n '/^| model/,$p' "$OUT/bench.log"
+echo
+echo "| step       | result          |  time | last line |"
+echo "|---|---|---|---|"
+printf '%s\n' "${summary[@]}"
+! printf '%s\n' "${summary[@]}" | grep -q FAIL

@@ -1,0 +1,59 @@
+"""A small run of every kernel path, for compute-sanitizer (memcheck, racecheck) on the GPU machine.
+
+Random packed bytes and scales are valid weights (every byte is two codes); each result is checked
+against the reference so a sanitizer run is also a correctness run. Exits non-zero on a mismatch.
+"""
+
+import torch
+
+import nf4_ops  # noqa: F401  (registers torch.ops.nf4)
+from nf4_ops.reference import dequantize_reference, gemv_reference
+
+
+def random_weight(n, k, blocksize, nested, device="cuda", misalign=False):
+    g = torch.Generator().manual_seed(n * 31 + k)
+    numel = n * k
+    blocks = -(-numel // blocksize)
+    packed = torch.randint(0, 256, ((numel + 1) // 2,), generator=g, dtype=torch.uint8)
+    if misalign:  # a view one byte into its storage: the scalar paths
+        packed = torch.cat([torch.zeros(1, dtype=torch.uint8), packed])[1:]
+    args = dict(blocksize=blocksize, quant_type="nf4" if k % 2 else "fp4", shape=[n, k])
+    if nested:
+        args.update(
+            absmax=torch.randint(0, 256, (blocks,), generator=g, dtype=torch.uint8).to(device),
+            nested_absmax=torch.rand(-(-blocks // 256), generator=g).to(device) + 0.5,
+            nested_code=torch.linspace(-1, 1, 256).to(device),
+            nested_offset=torch.tensor(0.75).to(device),
+        )
+    else:
+        args["absmax"] = (torch.rand(blocks, generator=g) + 0.1).to(device)
+    return packed.to(device), args
+
+
+def main():
+    failures = 0
+    cases = [(64, 320, 64, False, False), (33, 77, 32, True, False), (48, 1088, 4096, True, True), (7, 40, 128, False, True)]
+    for n, k, blocksize, nested, misalign in cases:
+        packed, args = random_weight(n, k, blocksize, nested, misalign=misalign)
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            out = torch.ops.nf4.dequantize(packed, dtype=dtype, **args)
+            if not torch.equal(out, dequantize_reference(packed, dtype=dtype, **args)):
+                failures += 1
+                print(f"dequantize mismatch: {n}x{k} bs{blocksize} nested={nested} {dtype}")
+        for rows in (1, 5, 8, 12):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+            out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+            exact = gemv_reference(x, packed, bias=bias, compute_dtype=torch.float64, **args)
+            plain = gemv_reference(x, packed, bias=bias, **args)
+            err, err_plain = (out.double() - exact).abs().max(), (plain.double() - exact).abs().max()
+            if not err <= 2 * err_plain + 1e-5 * max(1.0, exact.abs().max().item()):
+                failures += 1
+                print(f"gemv mismatch: {n}x{k} bs{blocksize} nested={nested} M={rows}: {err} vs {err_plain}")
+    torch.cuda.synchronize()
+    print(f"sanitizer workload: {failures} mismatches")
+    raise SystemExit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

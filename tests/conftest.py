@@ -1,0 +1,96 @@
+"""Shared test helpers: the devices to run on, bitsandbytes-quantized weights, and the tolerance rule."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import nf4_ops  # a missing build fails here, loudly: never a skip
+from nf4_ops.reference import gemv_reference
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+ALL_DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU"))]
+ALL_DEVICES_AND_META = ALL_DEVICES + ["meta"]
+
+QUANT_TYPES = ["nf4", "fp4"]
+BLOCKSIZES = [32, 64, 128, 256, 512, 1024, 2048, 4096]
+STORAGES = [torch.uint8, torch.float16, torch.bfloat16, torch.float32]
+FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """A weight quantized by bitsandbytes: its packed data and QuantState, and the op arguments."""
+
+    weight: torch.Tensor
+    packed: torch.Tensor
+    quant_state: object
+
+    @property
+    def args(self) -> dict:
+        return nf4_ops.quant_state_args(self.quant_state)
+
+
+@functools.lru_cache(maxsize=None)
+def bnb_quantize(
+    shape: tuple[int, int],
+    quant_type: str,
+    blocksize: int,
+    nested: bool,
+    storage: torch.dtype = torch.uint8,
+    device: str = "cpu",
+    seed: int = 0,
+) -> Quantized:
+    """Random normal weights (never zeros) quantized by bitsandbytes' own quantize_4bit on `device`."""
+    import bitsandbytes.functional as bnbf
+
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(shape, generator=generator).to(device)
+    packed, state = bnbf.quantize_4bit(
+        weight, blocksize=blocksize, compress_statistics=nested, quant_type=quant_type, quant_storage=storage
+    )
+    return Quantized(weight, packed, state)
+
+
+def state_on(quantized: Quantized, device: str):
+    """A copy of the QuantState on `device` (QuantState.to moves in place; the cached one must not move)."""
+    state = copy.deepcopy(quantized.quant_state)
+    state.to(torch.device(device))
+    return state
+
+
+def bnb_cuda_works() -> bool:
+    """Whether bitsandbytes can quantize on this GPU (its CUDA library loaded)."""
+    if not HAS_CUDA:
+        return False
+    try:
+        bnb_quantize((8, 64), "nf4", 64, False, torch.uint8, "cuda")
+        return True
+    except Exception:  # noqa: BLE001 - any failure means bitsandbytes has no CUDA backend here
+        return False
+
+
+def assert_gemv_close(out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, args: dict, bias=None) -> None:
+    """The tolerance rule (README, "Correctness"): against the float64 answer, the kernel's max error may be
+    at most twice that of plain PyTorch at x's dtype (F.linear on the dequantized weight) plus a small
+    absolute term, 1e-5 of the output's magnitude (fp32 summation-order noise)."""
+    assert out.dtype == x.dtype
+    exact = gemv_reference(x, packed, bias=bias, compute_dtype=torch.float64, **args)
+    plain = gemv_reference(x, packed, bias=bias, **args)
+    assert out.shape == exact.shape
+    if exact.numel() == 0:
+        return
+    assert torch.isfinite(out).all()
+    err = (out.double() - exact).abs().max().item()
+    err_plain = (plain.double() - exact).abs().max().item()
+    atol = 1e-5 * max(1.0, exact.abs().max().item())
+    assert err <= 2 * err_plain + atol, f"max error {err:.3g} > 2 * {err_plain:.3g} (plain PyTorch) + {atol:.3g}"

@@ -1,0 +1,140 @@
+"""nf4::dequantize is bit-exact with bitsandbytes' dequantize_4bit over every format variant."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import nf4_ops
+from conftest import (
+    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, bnb_cuda_works, bnb_quantize, dtype_id, state_on,
+)  # fmt: skip
+from nf4_ops.reference import FP4_TABLE, NF4_TABLE, TABLES, dequantize_reference
+
+# K = 304 is no multiple of any blocksize, so blocks straddle rows; N*K/8 is whole, so every
+# quant_storage (up to fp32's 4 bytes) holds the packed bytes without padding.
+MATRIX_SHAPE = (37, 304)
+
+
+def bnb_dequantize(quantized, dtype: torch.dtype) -> torch.Tensor:
+    import bitsandbytes.functional as bnbf
+
+    state = copy.copy(quantized.quant_state)
+    state.dtype = dtype  # bitsandbytes dequantizes to the QuantState's dtype
+    return bnbf.dequantize_4bit(quantized.packed, state)
+
+
+def assert_bits_equal(out: torch.Tensor, expected: torch.Tensor) -> None:
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    int_type = {2: torch.int16, 4: torch.int32}[out.element_size()]
+    mismatch = (out.view(int_type) != expected.view(int_type)).nonzero()
+    assert mismatch.numel() == 0, f"{mismatch.shape[0]} elements differ, first at {mismatch[0].tolist()}"
+
+
+def check_against_bitsandbytes(quantized, dtype: torch.dtype, device: str) -> None:
+    packed = quantized.packed.to(device)
+    out = torch.ops.nf4.dequantize(packed, dtype=dtype, **nf4_ops.quant_state_args(state_on(quantized, device)))
+    assert out.device.type == device
+    # bitsandbytes' pure-PyTorch fallback gives +0.0 for FP4's nibble 8 where its kernels (and ours) give
+    # -0.0; torch.equal compares values, so every other bit must match.
+    assert torch.equal(out.cpu(), bnb_dequantize(quantized, dtype).cpu())
+    # The reference has the kernels' -0.0: there, every bit must match.
+    reference = dequantize_reference(quantized.packed, dtype=dtype, **quantized_args(quantized))
+    assert_bits_equal(out.cpu(), reference.cpu())
+
+
+def quantized_args(quantized) -> dict:
+    return nf4_ops.quant_state_args(quantized.quant_state)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("storage", STORAGES, ids=lambda s: "storage_" + dtype_id(s))
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("blocksize", BLOCKSIZES, ids=lambda b: f"bs{b}")
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_variant_matrix_bit_exact(quant_type, blocksize, nested, storage, dtype, device):
+    quantized = bnb_quantize(MATRIX_SHAPE, quant_type, blocksize, nested, storage)
+    check_against_bitsandbytes(quantized, dtype, device)
+
+
+AWKWARD_SHAPES = {
+    "odd_numel": ((33, 77), 64),  # N*K odd: the last byte holds one element
+    "one_row": ((1, 4096), 64),
+    "k_below_blocksize": ((5, 40), 4096),  # one block for the whole weight
+    "many_nested_blocks": ((64, 4160), 1024),  # 260 absmax codes: two nested blocks
+    "many_nested_blocks_bs32": ((130, 96), 32),  # 390 absmax codes
+}
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("case", list(AWKWARD_SHAPES))
+def test_awkward_shapes_bit_exact(case, quant_type, nested, device):
+    shape, blocksize = AWKWARD_SHAPES[case]
+    quantized = bnb_quantize(shape, quant_type, blocksize, nested)
+    for dtype in FLOAT_DTYPES:
+        check_against_bitsandbytes(quantized, dtype, device)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_unaligned_packed_view(quant_type, device):
+    """A packed tensor that starts one byte into its storage (no 16-byte vector loads) is still exact."""
+    quantized = bnb_quantize((40, 320), quant_type, 64, True)
+    flat = quantized.packed.flatten()
+    storage = torch.empty(flat.numel() + 1, dtype=torch.uint8, device=device)
+    storage[1:].copy_(flat)
+    shifted = storage[1:]
+    assert shifted.data_ptr() % 16 != 0
+    args = nf4_ops.quant_state_args(state_on(quantized, device))
+    out = torch.ops.nf4.dequantize(shifted, dtype=torch.bfloat16, **args)
+    assert torch.equal(out.cpu(), bnb_dequantize(quantized, torch.bfloat16))
+
+
+@pytest.mark.skipif(not bnb_cuda_works(), reason="bitsandbytes has no working CUDA backend here")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("blocksize", BLOCKSIZES, ids=lambda b: f"bs{b}")
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_bit_exact_with_bitsandbytes_cuda(quant_type, blocksize, nested, dtype):
+    """Weights quantized by bitsandbytes on the GPU, compared bit for bit with its CUDA dequantize."""
+    quantized = bnb_quantize(MATRIX_SHAPE, quant_type, blocksize, nested, torch.uint8, "cuda")
+    out = torch.ops.nf4.dequantize(quantized.packed, dtype=dtype, **quantized_args(quantized))
+    assert_bits_equal(out, bnb_dequantize(quantized, dtype))
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_kernel_tables_equal_python_tables(quant_type, device):
+    """Every nibble through the op with absmax 1.0 gives the C++ table; it must equal the Python copy."""
+    packed = torch.tensor([0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF], dtype=torch.uint8, device=device)
+    absmax = torch.ones(1, dtype=torch.float32, device=device)
+    out = torch.ops.nf4.dequantize(packed, absmax, 32, quant_type, [1, 16], torch.float32)
+    assert_bits_equal(out.cpu().flatten(), TABLES[quant_type])
+
+
+def test_python_tables_match_the_format():
+    nf4_bits = [
+        0xBF800000, 0xBF3239B1, 0xBF066B30, 0xBECA32A0, 0xBE91A24D, 0xBE3D353F, 0xBDBA7871, 0x00000000,
+        0x3DA2FAFF, 0x3E24CAE3, 0x3E7C04DD, 0x3EAD033A, 0x3EE1A4B8, 0x3F1007AB, 0x3F3913B3, 0x3F800000,
+    ]  # fmt: skip
+    assert [b & 0xFFFFFFFF for b in NF4_TABLE.view(torch.int32).tolist()] == nf4_bits
+    import bitsandbytes.functional as bnbf
+
+    assert torch.equal(FP4_TABLE, bnbf.get_4bit_type("fp4", device="cpu"))
+    assert torch.equal(NF4_TABLE, bnbf.get_4bit_type("nf4", device="cpu"))
+    assert FP4_TABLE[8].item() == 0.0 and torch.signbit(FP4_TABLE[8])
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_python_wrapper_uses_quant_state_dtype(device):
+    quantized = bnb_quantize((16, 128), "nf4", 64, True)
+    state = state_on(quantized, device)
+    out = nf4_ops.dequantize(quantized.packed.to(device), state)
+    assert out.dtype == state.dtype == torch.float32
+    assert nf4_ops.dequantize(quantized.packed.to(device), state, dtype=torch.bfloat16).dtype == torch.bfloat16
+    assert torch.equal(out.cpu(), bnb_dequantize(quantized, torch.float32))

@@ -1,0 +1,171 @@
+"""Bad input gets a clear error naming the argument, the expectation and what was found, from the CPU,
+CUDA and Meta kernels alike (they share one validator), never a crash or a wrong answer."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from conftest import ALL_DEVICES, ALL_DEVICES_AND_META, HAS_CUDA
+
+N, K, BLOCKSIZE = 8, 96, 64  # 768 elements: 384 packed bytes, 12 absmax blocks
+X_ROWS = 2
+
+
+def valid_args(device: str, nested: bool) -> dict:
+    """Valid arguments of both ops (plus `x` and `dtype`), as meta tensors on the meta device."""
+    args = dict(
+        packed=torch.zeros(N * K // 2, 1, dtype=torch.uint8, device=device),
+        absmax=torch.ones(N * K // BLOCKSIZE, dtype=torch.uint8 if nested else torch.float32, device=device),
+        blocksize=BLOCKSIZE,
+        quant_type="nf4",
+        shape=[N, K],
+    )
+    if nested:
+        args.update(
+            nested_absmax=torch.ones(1, dtype=torch.float32, device=device),
+            nested_code=torch.linspace(-1, 1, 256, device=device),
+            nested_offset=torch.tensor(0.5, device=device),
+        )
+    return args
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """A non-contiguous view with t's shape and values."""
+    wide = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)[..., ::2]
+    if t.device.type != "meta":
+        wide.copy_(t)
+    return wide
+
+
+# (id, nested?, change to the valid arguments, expected message). Each message names the argument, the
+# expectation and what was found.
+WEIGHT_CASES = [
+    ("quant_type", False, dict(quant_type="int4"), r'quant_type must be "nf4" or "fp4", got "int4"'),
+    ("blocksize_not_pow2", False, dict(blocksize=48), r"blocksize must be a power of two in \[32, 4096\], got 48"),
+    ("blocksize_too_small", False, dict(blocksize=16), r"blocksize must be a power of two in \[32, 4096\], got 16"),
+    ("blocksize_too_big", False, dict(blocksize=8192), r"blocksize must be .*, got 8192"),
+    ("shape_rank", False, dict(shape=[N * K]), r"shape must be \[N, K\] \(2 values\), got 1 values"),
+    ("shape_zero", False, dict(shape=[0, K]), r"shape\[0\] \(N\) must be positive, got 0"),
+    ("shape_negative_k", False, dict(shape=[N, -96]), r"shape\[1\] \(K\) must be positive, got -96"),
+    ("packed_too_small", False, lambda a: dict(packed=a["packed"][:100]),
+     r"packed must hold ceil\(N\*K/2\) = 384 bytes for shape \[8, 96\].*got 100 bytes"),
+    ("packed_for_other_shape", False, dict(shape=[N, K // 2]),
+     r"packed must hold ceil\(N\*K/2\) = 192 bytes .*got 384 bytes"),
+    ("packed_non_contiguous", False, lambda a: dict(packed=strided(a["packed"].view(1, -1))),
+     r"packed must be contiguous"),
+    ("absmax_too_short", False, lambda a: dict(absmax=a["absmax"][:11]),
+     r"absmax must have ceil\(N\*K/blocksize\) = 12 elements, got 11"),
+    ("absmax_too_long", False, lambda a: dict(absmax=torch.ones(13, device=a["absmax"].device)),
+     r"absmax must have ceil\(N\*K/blocksize\) = 12 elements, got 13"),
+    ("absmax_dtype", False, lambda a: dict(absmax=a["absmax"].half()), r"absmax must be Float .*got Half"),
+    ("absmax_non_contiguous", False, lambda a: dict(absmax=strided(a["absmax"])), r"absmax must be contiguous"),
+    ("nested_half_given", False, lambda a: dict(nested_absmax=torch.ones(1, device=a["absmax"].device)),
+     r"nested_absmax, nested_code and nested_offset must be given together.*got nested_absmax only"),
+    ("nested_absmax_float_codes", True, lambda a: dict(absmax=a["absmax"].float()),
+     r"absmax must be Byte \(codes\) when nested_\* are given, got Float"),
+    ("nested_absmax_short", True, lambda a: dict(nested_absmax=a["nested_absmax"][:0]),
+     r"nested_absmax must have ceil\(absmax.numel\(\)/nested_blocksize\) = 1 elements, got 0"),
+    ("nested_code_short", True, lambda a: dict(nested_code=a["nested_code"][:255]),
+     r"nested_code must have the 8-bit map's = 256 elements, got 255"),
+    ("nested_code_dtype", True, lambda a: dict(nested_code=a["nested_code"].double()),
+     r"nested_code must be Float, got Double"),
+    ("nested_offset_dtype", True, lambda a: dict(nested_offset=a["nested_offset"].half()),
+     r"nested_offset must be Float, got Half"),
+    ("nested_offset_numel", True, lambda a: dict(nested_offset=a["nested_offset"].repeat(2)),
+     r"nested_offset must have one offset = 1 elements, got 2"),
+    ("nested_blocksize", True, dict(nested_blocksize=100),
+     r"nested_blocksize must be a power of two in \[32, 4096\], got 100"),
+]
+
+
+def resolve(case_change, args):
+    return case_change(args) if callable(case_change) else case_change
+
+
+def run_both_ops(device: str, args: dict):
+    """Yields (op name, callable) for dequantize and gemv with these weight arguments."""
+    x = torch.zeros(X_ROWS, K, dtype=torch.bfloat16, device=device)
+    yield "nf4::dequantize", lambda: torch.ops.nf4.dequantize(dtype=torch.bfloat16, **args)
+    yield "nf4::gemv", lambda: torch.ops.nf4.gemv(x, **args)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
+@pytest.mark.parametrize("case", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES])
+def test_bad_weight_arguments(case, device):
+    _, nested, change, message = case
+    args = valid_args(device, nested)
+    args.update(resolve(change, args))
+    for op_name, call in run_both_ops(device, args):
+        with pytest.raises(RuntimeError, match=re.escape(op_name) + ": " + message):
+            call()
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_valid_arguments_pass(nested, device):
+    """The base arguments of the error cases are valid: each error above comes from its one change."""
+    for _, call in run_both_ops(device, valid_args(device, nested)):
+        call()
+
+
+GEMV_CASES = [
+    ("x_last_dim", lambda a, x: dict(x=x[:, :95]), r"x's last dimension must equal K = shape\[1\] = 96, got x of shape \[2, 95\]"),
+    ("x_dtype", lambda a, x: dict(x=x.double()), r"x must be Half, BFloat16 or Float, got Double"),
+    ("x_int", lambda a, x: dict(x=x.int()), r"x must be Half, BFloat16 or Float, got Int"),
+    ("x_0dim", lambda a, x: dict(x=x[0, 0]), r"x must have at least 1 dimension"),
+    ("bias_length", lambda a, x: dict(bias=torch.zeros(N - 1, dtype=x.dtype, device=x.device)),
+     r"bias must have N = shape\[0\] = 8 elements, got 7"),
+    ("bias_dtype", lambda a, x: dict(bias=torch.zeros(N, dtype=torch.float32, device=x.device)),
+     r"bias must be BFloat16 \(x's dtype\), got Float"),
+    ("bias_2d", lambda a, x: dict(bias=torch.zeros(1, N, dtype=x.dtype, device=x.device)),
+     r"bias must be 1-D \[N\], got shape \[1, 8\]"),
+]
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
+@pytest.mark.parametrize("case", GEMV_CASES, ids=[c[0] for c in GEMV_CASES])
+def test_bad_gemv_arguments(case, device):
+    _, change, message = case
+    args = valid_args(device, nested=False)
+    args["x"] = torch.zeros(X_ROWS, K, dtype=torch.bfloat16, device=device)
+    args.update(change(args, args["x"]))
+    with pytest.raises(RuntimeError, match="nf4::gemv: " + message):
+        torch.ops.nf4.gemv(**args)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
+def test_bad_dequantize_dtype(device):
+    args = valid_args(device, nested=False)
+    for dtype, name in [(torch.float64, "Double"), (torch.int32, "Int"), (torch.uint8, "Byte")]:
+        with pytest.raises(RuntimeError, match=f"nf4::dequantize: dtype must be Half, BFloat16 or Float, got {name}"):
+            torch.ops.nf4.dequantize(dtype=dtype, **args)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("moved", ["absmax", "packed", "nested_absmax", "nested_code", "nested_offset", "x", "bias"])
+def test_mixed_devices(moved, nested):
+    if moved.startswith("nested") and not nested:
+        pytest.skip("plain absmax has no nested arguments")
+    args = valid_args("cuda", nested)
+    args["x"] = torch.zeros(X_ROWS, K, dtype=torch.bfloat16, device="cuda")
+    args["bias"] = torch.zeros(N, dtype=torch.bfloat16, device="cuda")
+    args[moved] = args[moved].cpu()
+    expected = "x|bias|absmax|nested_absmax|nested_code|nested_offset" if moved == "packed" else moved
+    with pytest.raises(RuntimeError, match=rf"nf4::gemv: ({expected}) must be on the same device as packed"):
+        torch.ops.nf4.gemv(**args)
+    if moved not in ("x", "bias"):
+        del args["x"], args["bias"]
+        with pytest.raises(RuntimeError, match=rf"nf4::dequantize: ({expected}) must be on the same device"):
+            torch.ops.nf4.dequantize(dtype=torch.float16, **args)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_empty_x_gives_empty_output(device):
+    args = valid_args(device, nested=False)
+    for shape in [(0, K), (3, 0, K)]:
+        out = torch.ops.nf4.gemv(torch.zeros(shape, dtype=torch.float16, device=device), **args)
+        assert out.shape == (*shape[:-1], N) and out.dtype == torch.float16

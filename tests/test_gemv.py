@@ -1,0 +1,98 @@
+"""nf4::gemv equals F.linear(x, dequantize(W), bias) within the tolerance rule, for any number of rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nf4_ops
+from conftest import (
+    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, assert_gemv_close, bnb_quantize, dtype_id, state_on,
+)  # fmt: skip
+
+# Rows of x on each side of the fused / dense boundary (kFusedGemvMaxRows = 8 in csrc/ops.h).
+ROW_COUNTS = [0, 1, 3, 8, 9, 33]
+SHAPES = {
+    "k_multiple_of_32": (48, 320),  # the vectorised kernel path
+    "odd_k": (33, 77),  # the element-wise path; N*K odd
+}
+
+
+def weight_on(device, shape, quant_type="nf4", blocksize=64, nested=False, storage=torch.uint8):
+    quantized = bnb_quantize(shape, quant_type, blocksize, nested, storage)
+    return quantized.packed.to(device), nf4_ops.quant_state_args(state_on(quantized, device))
+
+
+def random_x(shape, dtype, device, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator).to(device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("rows", ROW_COUNTS, ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+@pytest.mark.parametrize("shape_name", list(SHAPES))
+def test_gemv_matrix(shape_name, quant_type, nested, dtype, rows, with_bias, device):
+    shape = SHAPES[shape_name]
+    packed, args = weight_on(device, shape, quant_type, 64, nested)
+    x = random_x((rows, shape[1]), dtype, device)
+    bias = random_x((shape[0],), dtype, device, seed=2) if with_bias else None
+    out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+    assert out.device == x.device
+    assert_gemv_close(out, x, packed, args, bias)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("storage", STORAGES, ids=lambda s: "storage_" + dtype_id(s))
+@pytest.mark.parametrize("blocksize", BLOCKSIZES, ids=lambda b: f"bs{b}")
+def test_gemv_blocksizes_and_storages(blocksize, storage, device):
+    packed, args = weight_on(device, (40, 1088), "nf4", blocksize, True, storage)
+    for rows in (1, 5, 12):
+        x = random_x((rows, 1088), torch.bfloat16, device)
+        assert_gemv_close(torch.ops.nf4.gemv(x, packed, **args), x, packed, args)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("leading", [(), (2, 3), (2, 7), (4, 0), (1, 1, 5)], ids=str)
+def test_gemv_leading_dims(leading, device):
+    packed, args = weight_on(device, (48, 320), "fp4", 128, True)
+    x = random_x((*leading, 320), torch.float16, device)
+    bias = random_x((48,), torch.float16, device, seed=3)
+    out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+    assert out.shape == (*leading, 48)
+    assert_gemv_close(out, x, packed, args, bias)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("rows", [3, 20], ids=lambda m: f"M{m}")
+def test_gemv_non_contiguous_x(rows, device):
+    packed, args = weight_on(device, (48, 320), "nf4", 64, False)
+    x = random_x((320, rows), torch.bfloat16, device).t()  # a transposed view
+    assert not x.is_contiguous()
+    assert_gemv_close(torch.ops.nf4.gemv(x, packed, **args), x, packed, args)
+    x_sliced = random_x((rows, 640), torch.bfloat16, device)[:, ::2]  # every other column
+    assert_gemv_close(torch.ops.nf4.gemv(x_sliced, packed, **args), x_sliced, packed, args)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_gemv_is_deterministic(device):
+    packed, args = weight_on(device, (256, 1024), "nf4", 64, True)
+    x = random_x((4, 1024), torch.bfloat16, device)
+    first = torch.ops.nf4.gemv(x, packed, **args)
+    for _ in range(3):
+        assert torch.equal(torch.ops.nf4.gemv(x, packed, **args), first)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_python_wrapper(device):
+    quantized = bnb_quantize((48, 320), "nf4", 64, True)
+    state = state_on(quantized, device)
+    packed = quantized.packed.to(device)
+    x = random_x((2, 320), torch.bfloat16, device)
+    bias = random_x((48,), torch.bfloat16, device, seed=4)
+    out = nf4_ops.gemv(x, packed, state, bias=bias)
+    assert torch.equal(out, torch.ops.nf4.gemv(x, packed, bias=bias, **nf4_ops.quant_state_args(state)))
+    assert_gemv_close(out, x, packed, nf4_ops.quant_state_args(state), bias)

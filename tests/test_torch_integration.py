@@ -1,0 +1,129 @@
+"""The ops behave as torch operators: opcheck, torch.compile (fullgraph, dynamic), CUDA graphs, streams."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import nf4_ops
+from conftest import ALL_DEVICES, HAS_CUDA, assert_gemv_close, bnb_quantize, state_on
+
+
+def weight(device, shape=(48, 320), quant_type="nf4", blocksize=64, nested=True):
+    quantized = bnb_quantize(shape, quant_type, blocksize, nested)
+    return quantized.packed.to(device), nf4_ops.quant_state_args(state_on(quantized, device))
+
+
+def opcheck_samples(device):
+    """(op, args, kwargs) samples covering plain/nested, both quant types, fused and dense gemv paths."""
+    samples = []
+    for quant_type, nested in [("nf4", False), ("fp4", True)]:
+        packed, args = weight(device, quant_type=quant_type, nested=nested)
+        samples.append((torch.ops.nf4.dequantize.default, (packed,), dict(dtype=torch.bfloat16, **args)))
+        for rows in (1, 12):
+            x = torch.randn(rows, 320, device=device, dtype=torch.float16)
+            bias = torch.randn(48, device=device, dtype=torch.float16)
+            samples.append((torch.ops.nf4.gemv.default, (x, packed), dict(bias=bias, **args)))
+    x3 = torch.randn(2, 3, 320, device=device)
+    samples.append((torch.ops.nf4.gemv.default, (x3, packed), args))
+    return samples
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_opcheck(device):
+    for op, args, kwargs in opcheck_samples(device):
+        torch.library.opcheck(op, args, kwargs)  # all default test_utils, test_aot_dispatch_dynamic included
+
+
+def dequantize_then_gemv(x, packed, absmax, nested_absmax, nested_code, nested_offset):
+    """A function that calls both ops, as user code would."""
+    common = dict(
+        blocksize=64, quant_type="nf4", shape=[48, 320],
+        nested_absmax=nested_absmax, nested_code=nested_code, nested_offset=nested_offset,
+    )  # fmt: skip
+    weight = torch.ops.nf4.dequantize(packed, absmax, dtype=x.dtype, **common)
+    return torch.ops.nf4.gemv(x, packed, absmax, **common) + x @ weight.t()
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_compile_fullgraph_dynamic(device):
+    torch._dynamo.reset()
+    packed, args = weight(device)
+    tensors = (packed, args["absmax"], args["nested_absmax"], args["nested_code"], args["nested_offset"])
+    compiled = torch.compile(dequantize_then_gemv, fullgraph=True, dynamic=True)
+    for rows in (1, 3, 17):  # dynamic=True: one graph for every row count
+        x = torch.randn(rows, 320, device=device)
+        torch.testing.assert_close(compiled(x, *tensors), dequantize_then_gemv(x, *tensors))
+        x3 = torch.randn(2, rows, 320, device=device)
+        torch.testing.assert_close(compiled(x3, *tensors), dequantize_then_gemv(x3, *tensors))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 4, 16], ids=lambda m: f"M{m}")
+def test_cuda_graph_capture_and_replay(rows):
+    packed, args = weight("cuda")
+    static_x = torch.randn(rows, 320, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(48, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up outside the graph, as torch recommends
+        torch.ops.nf4.gemv(static_x, packed, bias=bias, **args)
+        torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = torch.ops.nf4.gemv(static_x, packed, bias=bias, **args)
+        static_weight = torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args)
+    for seed in range(3):
+        static_x.copy_(torch.randn(rows, 320, generator=torch.Generator().manual_seed(seed)).to(static_x))
+        static_weight.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_gemv_close(static_out, static_x, packed, args, bias)
+        assert torch.equal(static_weight, torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_runs_on_the_current_non_default_stream():
+    packed, args = weight("cuda", shape=(4096, 4096))
+    x = torch.randn(3, 4096, device="cuda", dtype=torch.float16)
+    expected_w = torch.ops.nf4.dequantize(packed, dtype=torch.float16, **args)
+    expected_y = torch.ops.nf4.gemv(x, packed, **args)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        # A long kernel queued first on this stream: an op that ignored the current stream would read
+        # `x` before this overwrite lands, or race with it.
+        x_new = x.clone()
+        torch.cuda._sleep(10_000_000)
+        x_new.mul_(2)
+        w = torch.ops.nf4.dequantize(packed, dtype=torch.float16, **args)
+        y = torch.ops.nf4.gemv(x_new, packed, **args)
+    stream.synchronize()
+    assert torch.equal(w, expected_w)
+    torch.testing.assert_close(y, 2 * expected_y, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_runs_on_the_tensors_device_not_the_current_one():
+    packed, args = weight("cuda:1")
+    x = torch.randn(2, 320, device="cuda:1", dtype=torch.bfloat16)
+    with torch.cuda.device(0):
+        out = torch.ops.nf4.gemv(x, packed, **args)
+        w = torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args)
+    assert out.device == torch.device("cuda:1") and w.device == torch.device("cuda:1")
+    assert_gemv_close(out, x, packed, args)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_ops_do_not_synchronise_the_host():
+    packed, args = weight("cuda")
+    x = torch.randn(2, 320, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.ops.nf4.gemv(x, packed, **args)
+        torch.ops.nf4.gemv(torch.randn(20, 320, device="cuda", dtype=torch.bfloat16), packed, **args)
+        torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
