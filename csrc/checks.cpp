@@ -5,6 +5,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymBool.h>
 
+#include <string>
+
 namespace nf4 {
 namespace {
 
@@ -16,9 +18,14 @@ bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 c10::SymInt ceil_div(const c10::SymInt& a, int64_t b) { return (a + (b - 1)) / b; }
 
+// Plain integers in messages go through std::to_string, never through std::ostream: on the GPU machine
+// (torch 2.11, extensions built by a g++ whose libstdc++ headers differ from the runtime library) the
+// ostream integer formatter instantiated in this library segfaulted while building the message.
+// SymInt, Device and ArrayRef values print through c10's own functions, which are safe.
 void check_blocksize(const char* op, const char* name, int64_t value) {
   TORCH_CHECK(is_power_of_two(value) && value >= kMinBlocksize && value <= kMaxBlocksize, op, ": ", name,
-              " must be a power of two in [", kMinBlocksize, ", ", kMaxBlocksize, "], got ", value);
+              " must be a power of two in [", std::to_string(kMinBlocksize), ", ", std::to_string(kMaxBlocksize),
+              "], got ", std::to_string(value));
 }
 
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& packed) {
@@ -64,8 +71,8 @@ WeightSpec check_weight_args(const char* op, const at::Tensor& packed, const at:
   check_blocksize(op, "blocksize", blocksize);
   spec.blocksize_log2 = log2_exact(blocksize);
 
-  TORCH_CHECK(shape.size() == 2, op, ": shape must be [N, K] (2 values), got ", shape.size(), " values ",
-              shape);
+  TORCH_CHECK(shape.size() == 2, op, ": shape must be [N, K] (2 values), got ", std::to_string(shape.size()),
+              " values ", shape);
   spec.rows = shape[0];
   spec.cols = shape[1];
   TORCH_SYM_CHECK(spec.rows.sym_gt(0), op, ": shape[0] (N) must be positive, got ", spec.rows);

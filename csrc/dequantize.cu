@@ -1,11 +1,15 @@
-// nf4::dequantize on CUDA. Each thread decodes one 16-byte chunk of packed bytes (32 elements, which
-// always share one absmax block since blocksizes are powers of two >= 32) and writes them with 16-byte
-// stores; the nested absmax is computed in the same launch. Elements past the last whole chunk, and
-// every element when `packed` is not 16-byte aligned, take a scalar path.
+// nf4::dequantize on CUDA. Each lane turns one packed word into one 16-byte store of output: 8 elements
+// (a 4-byte word) for fp16/bf16, 4 elements (a 2-byte word) for fp32, so a warp's loads and stores are
+// both contiguous. Blocksizes are powers of two >= 32, so an item never straddles an absmax block and
+// takes one scale; the nested absmax is computed in the same launch. Each lane keeps kUnroll
+// independent items in flight. Elements past the last whole item, and every element when `packed` or
+// `out` is not aligned for the vector path, take a scalar path.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
+
+#include <type_traits>
 
 #include "cuda_types.cuh"
 #include "ops.h"
@@ -14,32 +18,54 @@ namespace nf4 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunkElements = 32;
+constexpr int kUnroll = 4;
+
+template <typename T>
+struct Item {
+  static constexpr int kElements = sizeof(uint4) / sizeof(T);  // one 16-byte store
+  using PackedWord = std::conditional_t<kElements == 8, uint32_t, uint16_t>;
+  static_assert(sizeof(PackedWord) * 2 == kElements, "two elements per packed byte");
+};
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     dequantize_kernel(const uint8_t* __restrict__ packed, BlockScales scales, QuantType quant_type,
-                      int blocksize_log2, int64_t numel, int64_t vector_chunks, T* __restrict__ out) {
+                      int blocksize_log2, int64_t numel, int64_t vector_items, T* __restrict__ out) {
+  using Word = typename Item<T>::PackedWord;
+  constexpr int kElements = Item<T>::kElements;
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
   __syncthreads();
 
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t chunk = tid; chunk < vector_chunks; chunk += stride) {
-    const uint4 raw = load_packed_chunk(packed, chunk);
-    const float scale = scales.at((chunk * kChunkElements) >> blocksize_log2);
-    float w[kChunkElements];
-    decode_chunk(raw, table, scale, w);
-    alignas(16) T values[kChunkElements];
+  for (int64_t first = tid; first < vector_items; first += stride * kUnroll) {
+    Word words[kUnroll];
+    float item_scales[kUnroll];
 #pragma unroll
-    for (int i = 0; i < kChunkElements; ++i) values[i] = from_float<T>(w[i]);
-    constexpr int kStores = kChunkElements * sizeof(T) / sizeof(uint4);
-    uint4* dst = reinterpret_cast<uint4*>(out + chunk * kChunkElements);
+    for (int u = 0; u < kUnroll; ++u) {  // all loads first: kUnroll independent requests in flight
+      const int64_t item = first + u * stride;
+      if (item < vector_items) {
+        words[u] = __ldg(reinterpret_cast<const Word*>(packed) + item);
+        item_scales[u] = scales.at((item * kElements) >> blocksize_log2);
+      }
+    }
 #pragma unroll
-    for (int i = 0; i < kStores; ++i) dst[i] = reinterpret_cast<const uint4*>(values)[i];
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t item = first + u * stride;
+      if (item < vector_items) {
+        alignas(16) T values[kElements];
+#pragma unroll
+        for (int byte = 0; byte < kElements / 2; ++byte) {
+          const uint32_t b = (uint32_t(words[u]) >> (8 * byte)) & 0xFF;  // little-endian: byte 0 first
+          values[2 * byte] = from_float<T>(__fmul_rn(table[b >> 4], item_scales[u]));  // even = high nibble
+          values[2 * byte + 1] = from_float<T>(__fmul_rn(table[b & 0x0F], item_scales[u]));
+        }
+        reinterpret_cast<uint4*>(out)[item] = *reinterpret_cast<const uint4*>(values);
+      }
+    }
   }
-  for (int64_t e = vector_chunks * kChunkElements + tid; e < numel; e += stride) {
+  for (int64_t e = vector_items * kElements + tid; e < numel; e += stride) {
     out[e] = from_float<T>(mul_rn(table[nibble_at(packed, e)], scales.at(e >> blocksize_log2)));
   }
 }
@@ -60,14 +86,16 @@ at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS) {
   NF4_DISPATCH_FLOAT_TYPES(dtype, "nf4::dequantize", [&] {
     using T = typename CudaScalar<scalar_t>::type;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
-    const bool vectorize = is_aligned_16(bytes) && is_aligned_16(out_data);
-    const int64_t vector_chunks = vectorize ? numel / kChunkElements : 0;
-    const int64_t scalar_elements = numel - vector_chunks * kChunkElements;
-    const int64_t work = std::max<int64_t>(vector_chunks, scalar_elements);
-    const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 64;
+    constexpr int kElements = Item<T>::kElements;
+    const bool vectorize = reinterpret_cast<uintptr_t>(bytes) % sizeof(typename Item<T>::PackedWord) == 0 &&
+                           is_aligned_16(out_data);
+    const int64_t vector_items = vectorize ? numel / kElements : 0;
+    const int64_t scalar_elements = numel - vector_items * kElements;
+    const int64_t work = std::max<int64_t>((vector_items + kUnroll - 1) / kUnroll, scalar_elements);
+    const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
     const int blocks = static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, max_blocks));
     dequantize_kernel<T><<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        bytes, scales, spec.quant_type, spec.blocksize_log2, numel, vector_chunks, out_data);
+        bytes, scales, spec.quant_type, spec.blocksize_log2, numel, vector_items, out_data);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

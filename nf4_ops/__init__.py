@@ -1,5 +1,7 @@
 """nf4_ops: bitsandbytes NF4/FP4 dequantize and GEMV as torch operators (torch.ops.nf4.*)."""
 
+import torch  # noqa: F401  (loads libtorch / libc10, which _C links against)
+
 try:
     from . import _C  # noqa: F401  (loading it registers torch.ops.nf4.dequantize / gemv)
 except ImportError as error:  # a missing or broken build is an error, never a silent fallback

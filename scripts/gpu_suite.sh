@@ -35,6 +35,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 ARCH=$("$PY" -c "import torch; print('.'.join(map(str, torch.cuda.get_device_capability())))")
 
 if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.py build_ext --inplace; then
+  cuobjdump --dump-resource-usage nf4_ops/_C*.so >"$OUT/resources.log" 2>&1  # registers, stack, spills
   step pytest "$PY" -m pytest tests -q -p no:cacheprovider
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
