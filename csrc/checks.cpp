@@ -18,24 +18,39 @@ bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
 c10::SymInt ceil_div(const c10::SymInt& a, int64_t b) { return (a + (b - 1)) / b; }
 
-// Plain integers in messages go through std::to_string, never through std::ostream: on the GPU machine
-// (torch 2.11, extensions built by a g++ whose libstdc++ headers differ from the runtime library) the
-// ostream integer formatter instantiated in this library segfaulted while building the message.
-// SymInt, Device and ArrayRef values print through c10's own functions, which are safe.
+// Every value in an error message is turned into a std::string first (text() below), so messages are
+// assembled from strings alone. On the GPU machine (torch 2.11, extensions built by /opt/gcc's g++ against
+// a different runtime libstdc++) streaming any number into the message's std::ostringstream segfaulted,
+// whether the number came from this library or from c10's SymInt printer; strings were safe.
+std::string text(int64_t value) { return std::to_string(value); }
+
+std::string text(const c10::SymInt& value) {
+  if (const auto concrete = value.maybe_as_int()) return std::to_string(*concrete);
+  return value.toSymNodeImplUnowned()->str();
+}
+
+std::string text(c10::SymIntArrayRef values) {
+  std::string out = "[";
+  for (size_t i = 0; i < values.size(); ++i) out += (i == 0 ? "" : ", ") + text(values[i]);
+  return out + "]";
+}
+
+std::string text(const at::Device& device) { return device.str(); }
+
 void check_blocksize(const char* op, const char* name, int64_t value) {
   TORCH_CHECK(is_power_of_two(value) && value >= kMinBlocksize && value <= kMaxBlocksize, op, ": ", name,
-              " must be a power of two in [", std::to_string(kMinBlocksize), ", ", std::to_string(kMaxBlocksize),
-              "], got ", std::to_string(value));
+              " must be a power of two in [", text(kMinBlocksize), ", ", text(kMaxBlocksize), "], got ",
+              text(value));
 }
 
 void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& packed) {
   TORCH_CHECK(t.device() == packed.device(), op, ": ", name, " must be on the same device as packed (",
-              packed.device(), "), got ", t.device());
+              text(packed.device()), "), got ", text(t.device()));
 }
 
 void check_contiguous(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.sym_strides(),
-              " for sizes ", t.sym_sizes());
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", text(t.sym_strides()),
+              " for sizes ", text(t.sym_sizes()));
 }
 
 void check_dtype(const char* op, const char* name, const at::Tensor& t, at::ScalarType expected,
@@ -46,8 +61,8 @@ void check_dtype(const char* op, const char* name, const at::Tensor& t, at::Scal
 
 void check_numel(const char* op, const char* name, const at::Tensor& t, const c10::SymInt& expected,
                  const char* what) {
-  TORCH_SYM_CHECK(t.sym_numel().sym_eq(expected), op, ": ", name, " must have ", what, " = ", expected,
-                  " elements, got ", t.sym_numel());
+  TORCH_SYM_CHECK(t.sym_numel().sym_eq(expected), op, ": ", name, " must have ", what, " = ", text(expected),
+                  " elements, got ", text(t.sym_numel()));
 }
 
 bool is_activation_dtype(at::ScalarType t) {
@@ -71,12 +86,12 @@ WeightSpec check_weight_args(const char* op, const at::Tensor& packed, const at:
   check_blocksize(op, "blocksize", blocksize);
   spec.blocksize_log2 = log2_exact(blocksize);
 
-  TORCH_CHECK(shape.size() == 2, op, ": shape must be [N, K] (2 values), got ", std::to_string(shape.size()),
-              " values ", shape);
+  TORCH_CHECK(shape.size() == 2, op, ": shape must be [N, K] (2 values), got ",
+              text(static_cast<int64_t>(shape.size())), " values ", text(shape));
   spec.rows = shape[0];
   spec.cols = shape[1];
-  TORCH_SYM_CHECK(spec.rows.sym_gt(0), op, ": shape[0] (N) must be positive, got ", spec.rows);
-  TORCH_SYM_CHECK(spec.cols.sym_gt(0), op, ": shape[1] (K) must be positive, got ", spec.cols);
+  TORCH_SYM_CHECK(spec.rows.sym_gt(0), op, ": shape[0] (N) must be positive, got ", text(spec.rows));
+  TORCH_SYM_CHECK(spec.cols.sym_gt(0), op, ": shape[1] (K) must be positive, got ", text(spec.cols));
   const c10::SymInt numel = spec.rows * spec.cols;
 
   // packed: bytes are bytes, whatever the storage dtype; bitsandbytes may pad up to one storage element.
@@ -85,9 +100,10 @@ WeightSpec check_weight_args(const char* op, const at::Tensor& packed, const at:
   const c10::SymInt packed_bytes = packed.sym_numel() * storage_bytes;
   const c10::SymInt needed_bytes = ceil_div(numel, 2);
   TORCH_SYM_CHECK(packed_bytes.sym_ge(needed_bytes).sym_and(packed_bytes.sym_lt(needed_bytes + storage_bytes)),
-                  op, ": packed must hold ceil(N*K/2) = ", needed_bytes, " bytes for shape ", shape,
+                  op, ": packed must hold ceil(N*K/2) = ", text(needed_bytes), " bytes for shape ", text(shape),
                   " (plus at most one ", c10::toString(packed.scalar_type()), " element of padding), got ",
-                  packed_bytes, " bytes (", packed.sym_numel(), " x ", c10::toString(packed.scalar_type()), ")");
+                  text(packed_bytes), " bytes (", text(packed.sym_numel()), " x ",
+                  c10::toString(packed.scalar_type()), ")");
 
   const int given = int(nested_absmax.has_value()) + int(nested_code.has_value()) + int(nested_offset.has_value());
   TORCH_CHECK(given == 0 || given == 3, op,
@@ -153,12 +169,12 @@ WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const 
   TORCH_CHECK(x.dim() >= 1, op, ": x must have at least 1 dimension [..., K], got a 0-dim tensor");
   check_same_device(op, "x", x, packed);
   TORCH_SYM_CHECK(x.sym_size(-1).sym_eq(spec.cols), op, ": x's last dimension must equal K = shape[1] = ",
-                  spec.cols, ", got x of shape ", x.sym_sizes());
+                  text(spec.cols), ", got x of shape ", text(x.sym_sizes()));
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
     check_same_device(op, "bias", b, packed);
     check_dtype(op, "bias", b, x.scalar_type(), " (x's dtype)");
-    TORCH_CHECK(b.dim() == 1, op, ": bias must be 1-D [N], got shape ", b.sym_sizes());
+    TORCH_CHECK(b.dim() == 1, op, ": bias must be 1-D [N], got shape ", text(b.sym_sizes()));
     check_numel(op, "bias", b, spec.rows, "N = shape[0]");
   }
   return spec;
