@@ -27,6 +27,9 @@ import torch
 
 import nf4_ops
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from report import dequantize_bytes, dequantize_table, gemv_bytes, gemv_table, header_line  # noqa: E402
+
 BLOCKSIZE = 64
 QUANT_TYPE = "nf4"
 ROTATE_BYTES = 3 * 60 * 2**20  # three times the largest L2 here (H200: 60 MB)
@@ -126,18 +129,6 @@ def copies_for(nbytes_per_call: int) -> int:
     return max(2, min(16, math.ceil(ROTATE_BYTES / max(nbytes_per_call, 1))))
 
 
-def dequantize_bytes(layer: Layer, nested: bool, out_bytes: int = 2) -> int:
-    numel = layer.n * layer.k
-    blocks = numel // BLOCKSIZE
-    absmax = blocks + 4 * math.ceil(blocks / 256) if nested else 4 * blocks
-    return numel // 2 + absmax + numel * out_bytes
-
-
-def gemv_bytes(layer: Layer, rows: int) -> int:
-    numel = layer.n * layer.k
-    return numel // 2 + 4 * numel // BLOCKSIZE + 2 * rows * (layer.k + layer.n)
-
-
 def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
     import bitsandbytes.functional as bnbf
 
@@ -145,7 +136,7 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
     weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
     for nested in (False, True):
         tag = "nested" if nested else "plain"
-        count = copies_for(dequantize_bytes(layer, nested))
+        count = copies_for(dequantize_bytes(layer.n, layer.k, BLOCKSIZE, nested))
         quantized = [
             bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, compress_statistics=nested, quant_type=QUANT_TYPE)
             for _ in range(count)
@@ -157,7 +148,7 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
         if nested:
             continue
         for rows in row_counts:
-            count = copies_for(gemv_bytes(layer, rows))
+            count = copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, rows))
             quantized = quantized[:count] + [
                 bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE)
                 for _ in range(count - len(quantized))
@@ -179,35 +170,6 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
     return row
 
 
-def table(rows: list[Row], ceilings: dict[str, float], row_counts: list[int]) -> str:
-    copy_ceiling = ceilings["copy_GBps"]
-    read_ceiling = max(ceilings["read_sum_GBps"], ceilings["read_cublas_gemv_GBps"])
-    header = ["model", "layer", "NxK", "deq us (plain/nested)", "% copy ceil", "bnb deq us", "x bnb deq"]
-    for m in row_counts:
-        header += [f"M={m} us", f"M={m} % read ceil" if m == 1 else f"M={m} / M=1", f"x bnb M={m}", f"x cuBLAS M={m}"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for r in rows:
-        t, lay = r.times_us, r.layer
-        plain, nested = t["nf4ops_dequant_plain"], t["nf4ops_dequant_nested"]
-        pct = 100 * dequantize_bytes(lay, False) / plain / 1e3 / copy_ceiling
-        pct_n = 100 * dequantize_bytes(lay, True) / nested / 1e3 / copy_ceiling
-        cells = [
-            lay.model, lay.name, f"{lay.n}x{lay.k}", f"{plain:.1f} / {nested:.1f}", f"{pct:.0f} / {pct_n:.0f}",
-            f"{t['bnb_dequant_plain']:.1f} / {t['bnb_dequant_nested']:.1f}",
-            f"{t['bnb_dequant_plain'] / plain:.2f} / {t['bnb_dequant_nested'] / nested:.2f}",
-        ]  # fmt: skip
-        for m in row_counts:
-            ours = t[f"nf4ops_gemv_M{m}"]
-            second = (
-                f"{100 * gemv_bytes(lay, 1) / ours / 1e3 / read_ceiling:.0f}"
-                if m == 1
-                else f"{ours / t['nf4ops_gemv_M1']:.2f}"
-            )
-            cells += [f"{ours:.1f}", second, f"{t[f'bnb_gemv_M{m}'] / ours:.2f}", f"{t[f'cublas_gemv_M{m}'] / ours:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def plot(rows: list[Row], ceilings: dict[str, float], path: Path) -> None:
     import matplotlib
 
@@ -223,7 +185,8 @@ def plot(rows: list[Row], ceilings: dict[str, float], path: Path) -> None:
         ("nf4ops_dequant_plain", False, "nf4-ops plain"), ("bnb_dequant_plain", False, "bnb plain"),
         ("nf4ops_dequant_nested", True, "nf4-ops nested"), ("bnb_dequant_nested", True, "bnb nested"),
     ]):  # fmt: skip
-        pct = [100 * dequantize_bytes(r.layer, nested) / r.times_us[key] / 1e3 / copy_ceiling for r in rows]
+        pct = [100 * dequantize_bytes(r.layer.n, r.layer.k, BLOCKSIZE, nested) / r.times_us[key] / 1e3 / copy_ceiling
+               for r in rows]
         axes[0].bar([x + (i - 1.5) * width for x in xs], pct, width, label=label)
     axes[0].set_ylabel("dequantize, % of copy ceiling")
     axes[0].axhline(100, color="k", lw=0.5)
@@ -270,14 +233,12 @@ def main() -> int:
         print(f"[{i + 1}/{len(layers)}] {layer.model} {layer.name} {layer.n}x{layer.k}: {time.time() - start:.1f}s",
               flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernels.json").write_text(json.dumps(
-        {"env": env, "ceilings_GBps": ceilings, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
-         "rows": [{"layer": asdict(r.layer), "times_us": r.times_us} for r in rows]}, indent=1))  # fmt: skip
+    results = {"env": env, "ceilings_GBps": ceilings, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
+               "rows": [{"layer": asdict(r.layer), "times_us": r.times_us} for r in rows]}  # fmt: skip
+    (args.out / "kernels.json").write_text(json.dumps(results, indent=1))
     plot(rows, ceilings, args.out / "kernels.png")
-    print(f"\n{env['gpu']}, torch {env['torch']}, bitsandbytes {env['bitsandbytes']}, driver {env['driver']}")
-    print(f"copy ceiling {ceilings['copy_GBps']:.0f} GB/s, read ceiling "
-          f"{max(ceilings['read_sum_GBps'], ceilings['read_cublas_gemv_GBps']):.0f} GB/s; times are medians in us")
-    print(table(rows, ceilings, args.rows))
+    print(f"\nwrote {args.out / 'kernels.json'} and {args.out / 'kernels.png'}\n")
+    print(header_line(results), "", dequantize_table(results), "", gemv_table(results), sep="\n")
     return 0
 
 

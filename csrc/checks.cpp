@@ -157,6 +157,23 @@ WeightSpec check_dequantize_args(const at::Tensor& packed, const at::Tensor& abs
                            nested_offset, nested_blocksize);
 }
 
+WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor& absmax, int64_t blocksize,
+                                     c10::string_view quant_type, c10::SymIntArrayRef shape, at::ScalarType dtype,
+                                     const OptTensor& nested_absmax, const OptTensor& nested_code,
+                                     const OptTensor& nested_offset, int64_t nested_blocksize,
+                                     const at::Tensor& out) {
+  constexpr const char* op = "nf4::dequantize.out";
+  WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
+                                          nested_code, nested_offset, nested_blocksize);
+  check_same_device(op, "out", out, packed);
+  check_dtype(op, "out", out, dtype, " (the dtype argument)");
+  TORCH_SYM_CHECK(out.sym_sizes().size() == 2 ? out.sym_size(0).sym_eq(spec.rows).sym_and(out.sym_size(1).sym_eq(spec.cols))
+                                             : c10::SymBool(false),
+                  op, ": out must have shape [N, K] = ", text(shape), ", got ", text(out.sym_sizes()));
+  check_contiguous(op, "out", out);
+  return spec;
+}
+
 WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& absmax,
                            int64_t blocksize, c10::string_view quant_type, c10::SymIntArrayRef shape,
                            const OptTensor& bias, const OptTensor& nested_absmax, const OptTensor& nested_code,

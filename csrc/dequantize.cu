@@ -2,8 +2,9 @@
 // (a 4-byte word) for fp16/bf16, 4 elements (a 2-byte word) for fp32, so a warp's loads and stores are
 // both contiguous. Blocksizes are powers of two >= 32, so an item never straddles an absmax block and
 // takes one scale; the nested absmax is computed in the same launch. Each lane keeps kUnroll
-// independent items in flight. Elements past the last whole item, and every element when `packed` or
-// `out` is not aligned for the vector path, take a scalar path.
+// independent items in flight, and the grid is persistent (as many CTAs as fit on the GPU at once, each
+// striding over the tensor) so no partial last wave idles the GPU. Elements past the last whole item,
+// and every element when `packed` or `out` is not aligned for the vector path, take a scalar path.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -33,9 +34,9 @@ __global__ void __launch_bounds__(kThreads)
                       int blocksize_log2, int64_t numel, int64_t vector_items, T* __restrict__ out) {
   using Word = typename Item<T>::PackedWord;
   constexpr int kElements = Item<T>::kElements;
-  __shared__ float table[16];
-  if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
-  __syncthreads();
+  __shared__ SharedTables tables;
+  const BlockScales shared_scales = load_shared_tables(tables, quant_type, scales);
+  const float* table = tables.code;
 
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t item = first + u * stride;
       if (item < vector_items) {
         words[u] = __ldg(reinterpret_cast<const Word*>(packed) + item);
-        item_scales[u] = scales.at((item * kElements) >> blocksize_log2);
+        item_scales[u] = shared_scales.at((item * kElements) >> blocksize_log2);
       }
     }
 #pragma unroll
@@ -66,24 +67,28 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t e = vector_items * kElements + tid; e < numel; e += stride) {
-    out[e] = from_float<T>(mul_rn(table[nibble_at(packed, e)], scales.at(e >> blocksize_log2)));
+    out[e] = from_float<T>(mul_rn(table[nibble_at(packed, e)], shared_scales.at(e >> blocksize_log2)));
   }
 }
 
-}  // namespace
+// CTAs of dequantize_kernel<T> resident on the current GPU at once: the persistent grid size.
+template <typename T>
+int64_t resident_blocks() {
+  // Occupancy depends on the kernel and the GPU architecture; a process mixing architectures sizes the
+  // grid by the first GPU it asked on, which costs speed at most (the kernel strides over any grid).
+  static const int per_sm = [] {
+    int blocks = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, dequantize_kernel<T>, kThreads, 0));
+    return blocks;
+  }();
+  return int64_t(per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
 
-at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS) {
-  const WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
-                                                nested_code, nested_offset, nested_blocksize);
-  const c10::cuda::CUDAGuard device_guard(packed.device());
-  const int64_t rows = spec.rows.expect_int();
-  const int64_t cols = spec.cols.expect_int();
-  const int64_t numel = rows * cols;
-  at::Tensor out = at::empty({rows, cols}, packed.options().dtype(dtype));
+void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const BlockScales& scales,
+                       at::Tensor& out) {
+  const int64_t numel = spec.rows.expect_int() * spec.cols.expect_int();
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
-  const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
-
-  NF4_DISPATCH_FLOAT_TYPES(dtype, "nf4::dequantize", [&] {
+  NF4_DISPATCH_FLOAT_TYPES(out.scalar_type(), "nf4::dequantize", [&] {
     using T = typename CudaScalar<scalar_t>::type;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
     constexpr int kElements = Item<T>::kElements;
@@ -92,15 +97,35 @@ at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS) {
     const int64_t vector_items = vectorize ? numel / kElements : 0;
     const int64_t scalar_elements = numel - vector_items * kElements;
     const int64_t work = std::max<int64_t>((vector_items + kUnroll - 1) / kUnroll, scalar_elements);
-    const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-    const int blocks = static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, max_blocks));
+    const int blocks =
+        static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, resident_blocks<T>()));
     dequantize_kernel<T><<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         bytes, scales, spec.quant_type, spec.blocksize_log2, numel, vector_items, out_data);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+}
+
+}  // namespace
+
+at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS) {
+  const WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
+                                                nested_code, nested_offset, nested_blocksize);
+  const c10::cuda::CUDAGuard device_guard(packed.device());
+  at::Tensor out = at::empty({spec.rows.expect_int(), spec.cols.expect_int()}, packed.options().dtype(dtype));
+  launch_dequantize(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
   return out;
 }
 
-TORCH_LIBRARY_IMPL(nf4, CUDA, m) { m.impl("dequantize", &dequantize_cuda); }
+void dequantize_out_cuda(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
+  const WeightSpec spec = check_dequantize_out_args(packed, absmax, blocksize, quant_type, shape, dtype,
+                                                    nested_absmax, nested_code, nested_offset, nested_blocksize, out);
+  const c10::cuda::CUDAGuard device_guard(packed.device());
+  launch_dequantize(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
+}
+
+TORCH_LIBRARY_IMPL(nf4, CUDA, m) {
+  m.impl("dequantize", &dequantize_cuda);
+  m.impl("dequantize.out", &dequantize_out_cuda);
+}
 
 }  // namespace nf4

@@ -7,18 +7,16 @@
 
 namespace nf4 {
 
-at::Tensor dequantize_cpu(NF4_DEQUANTIZE_PARAMS) {
-  const WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
-                                                nested_code, nested_offset, nested_blocksize);
+namespace {
+
+void dequantize_into(const WeightSpec& spec, const at::Tensor& packed, const BlockScales& scales, at::Tensor& out) {
   const int64_t rows = spec.rows.expect_int();
   const int64_t cols = spec.cols.expect_int();
-  at::Tensor out = at::empty({rows, cols}, packed.options().dtype(dtype));
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
-  const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const CodeTable table = code_table(spec.quant_type);
   const int64_t grain_rows = std::max<int64_t>(1, at::internal::GRAIN_SIZE / cols);
 
-  NF4_DISPATCH_FLOAT_TYPES(dtype, "nf4::dequantize", [&] {
+  NF4_DISPATCH_FLOAT_TYPES(out.scalar_type(), "nf4::dequantize", [&] {
     scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, rows, grain_rows, [&](int64_t row_begin, int64_t row_end) {
       // c10::Half / c10::BFloat16 construct from float with round-to-nearest-even, as bitsandbytes does.
@@ -26,9 +24,27 @@ at::Tensor dequantize_cpu(NF4_DEQUANTIZE_PARAMS) {
                           out_data + row_begin * cols, [](float v) { return static_cast<scalar_t>(v); });
     });
   });
+}
+
+}  // namespace
+
+at::Tensor dequantize_cpu(NF4_DEQUANTIZE_PARAMS) {
+  const WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
+                                                nested_code, nested_offset, nested_blocksize);
+  at::Tensor out = at::empty({spec.rows.expect_int(), spec.cols.expect_int()}, packed.options().dtype(dtype));
+  dequantize_into(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
   return out;
 }
 
-TORCH_LIBRARY_IMPL(nf4, CPU, m) { m.impl("dequantize", &dequantize_cpu); }
+void dequantize_out_cpu(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
+  const WeightSpec spec = check_dequantize_out_args(packed, absmax, blocksize, quant_type, shape, dtype,
+                                                    nested_absmax, nested_code, nested_offset, nested_blocksize, out);
+  dequantize_into(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
+}
+
+TORCH_LIBRARY_IMPL(nf4, CPU, m) {
+  m.impl("dequantize", &dequantize_cpu);
+  m.impl("dequantize.out", &dequantize_out_cpu);
+}
 
 }  // namespace nf4

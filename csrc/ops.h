@@ -37,6 +37,13 @@ WeightSpec check_dequantize_args(const at::Tensor& packed, const at::Tensor& abs
                                  const OptTensor& nested_absmax, const OptTensor& nested_code,
                                  const OptTensor& nested_offset, int64_t nested_blocksize);
 
+// check_dequantize_args plus `out`: on packed's device, of dtype `dtype`, shaped [N, K], contiguous.
+WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor& absmax, int64_t blocksize,
+                                     c10::string_view quant_type, c10::SymIntArrayRef shape, at::ScalarType dtype,
+                                     const OptTensor& nested_absmax, const OptTensor& nested_code,
+                                     const OptTensor& nested_offset, int64_t nested_blocksize,
+                                     const at::Tensor& out);
+
 WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& absmax,
                            int64_t blocksize, c10::string_view quant_type, c10::SymIntArrayRef shape,
                            const OptTensor& bias, const OptTensor& nested_absmax, const OptTensor& nested_code,
@@ -67,8 +74,10 @@ c10::SymDimVector gemv_output_shape(const at::Tensor& x, const c10::SymInt& rows
       int64_t nested_blocksize
 
 at::Tensor dequantize_cpu(NF4_DEQUANTIZE_PARAMS);
+void dequantize_out_cpu(NF4_DEQUANTIZE_PARAMS, at::Tensor& out);
 at::Tensor gemv_cpu(NF4_GEMV_PARAMS);
 at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS);
+void dequantize_out_cuda(NF4_DEQUANTIZE_PARAMS, at::Tensor& out);
 at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
 
 // Above this many rows of x, gemv dequantizes W once and calls the dense matmul library instead of the

@@ -17,6 +17,11 @@ at::Tensor dequantize_meta(NF4_DEQUANTIZE_PARAMS) {
   return at::empty_symint({spec.rows, spec.cols}, packed.options().dtype(dtype));
 }
 
+void dequantize_out_meta(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
+  check_dequantize_out_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax, nested_code,
+                            nested_offset, nested_blocksize, out);
+}
+
 at::Tensor gemv_meta(NF4_GEMV_PARAMS) {
   const WeightSpec spec = check_gemv_args(x, packed, absmax, blocksize, quant_type, shape, bias, nested_absmax,
                                           nested_code, nested_offset, nested_blocksize);
@@ -31,6 +36,11 @@ TORCH_LIBRARY(nf4, m) {
       "dequantize(Tensor packed, Tensor absmax, int blocksize, str quant_type, SymInt[] shape, ScalarType dtype, "
       "Tensor? nested_absmax=None, Tensor? nested_code=None, Tensor? nested_offset=None, "
       "int nested_blocksize=256) -> Tensor");
+  // Writes into a caller's [N, K] buffer of dtype `dtype`, so a dequantize + matmul path allocates nothing.
+  m.def(
+      "dequantize.out(Tensor packed, Tensor absmax, int blocksize, str quant_type, SymInt[] shape, "
+      "ScalarType dtype, Tensor? nested_absmax=None, Tensor? nested_code=None, Tensor? nested_offset=None, "
+      "int nested_blocksize=256, *, Tensor(a!) out) -> ()");
   m.def(
       "gemv(Tensor x, Tensor packed, Tensor absmax, int blocksize, str quant_type, SymInt[] shape, "
       "Tensor? bias=None, Tensor? nested_absmax=None, Tensor? nested_code=None, Tensor? nested_offset=None, "
@@ -39,6 +49,7 @@ TORCH_LIBRARY(nf4, m) {
 
 TORCH_LIBRARY_IMPL(nf4, Meta, m) {
   m.impl("dequantize", &nf4::dequantize_meta);
+  m.impl("dequantize.out", &nf4::dequantize_out_meta);
   m.impl("gemv", &nf4::gemv_meta);
 }
 

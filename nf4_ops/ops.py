@@ -29,13 +29,20 @@ def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
 
 
 def dequantize(
-    packed: torch.Tensor, quant_state: "QuantState", dtype: Optional[torch.dtype] = None
+    packed: torch.Tensor,
+    quant_state: "QuantState",
+    dtype: Optional[torch.dtype] = None,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The [N, K] weight in `dtype` (default: the dtype it was quantized from), bit-exact with
-    bitsandbytes.functional.dequantize_4bit."""
-    return torch.ops.nf4.dequantize(
-        packed, dtype=quant_state.dtype if dtype is None else dtype, **quant_state_args(quant_state)
-    )
+    """The [N, K] weight in `dtype` (default: out's dtype, else the dtype it was quantized from),
+    bit-exact with bitsandbytes.functional.dequantize_4bit. With `out` ([N, K], contiguous, on packed's
+    device) it is written there and returned, with no allocation."""
+    if dtype is None:
+        dtype = quant_state.dtype if out is None else out.dtype
+    if out is None:
+        return torch.ops.nf4.dequantize(packed, dtype=dtype, **quant_state_args(quant_state))
+    torch.ops.nf4.dequantize.out(packed, dtype=dtype, out=out, **quant_state_args(quant_state))
+    return out
 
 
 def gemv(

@@ -138,3 +138,19 @@ def test_python_wrapper_uses_quant_state_dtype(device):
     assert out.dtype == state.dtype == torch.float32
     assert nf4_ops.dequantize(quantized.packed.to(device), state, dtype=torch.bfloat16).dtype == torch.bfloat16
     assert torch.equal(out.cpu(), bnb_dequantize(quantized, torch.float32))
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_out_variant_writes_the_callers_buffer(nested, dtype, device):
+    quantized = bnb_quantize(MATRIX_SHAPE, "fp4", 128, nested)
+    state = state_on(quantized, device)
+    packed = quantized.packed.to(device)
+    out = torch.full(MATRIX_SHAPE, float("nan"), dtype=dtype, device=device)  # poisoned: every element must be written
+    address = out.data_ptr()
+    result = torch.ops.nf4.dequantize.out(packed, dtype=dtype, out=out, **nf4_ops.quant_state_args(state))
+    assert result is None  # out-variants return nothing (schema: -> ())
+    assert out.data_ptr() == address
+    assert_bits_equal(out, torch.ops.nf4.dequantize(packed, dtype=dtype, **nf4_ops.quant_state_args(state)))
+    assert nf4_ops.dequantize(packed, state, out=out) is out

@@ -136,6 +136,29 @@ def test_bad_gemv_arguments(case, device):
         torch.ops.nf4.gemv(**args)
 
 
+OUT_CASES = [
+    ("dtype", lambda d: torch.empty(N, K, dtype=torch.float16, device=d), r"out must be BFloat16 \(the dtype argument\), got Half"),
+    ("shape", lambda d: torch.empty(K, N, dtype=torch.bfloat16, device=d), r"out must have shape \[N, K\] = \[8, 96\], got \[96, 8\]"),
+    ("rank", lambda d: torch.empty(N * K, dtype=torch.bfloat16, device=d), r"out must have shape \[N, K\] = \[8, 96\], got \[768\]"),
+    ("non_contiguous", lambda d: torch.empty(K, N, dtype=torch.bfloat16, device=d).t(), r"out must be contiguous"),
+]
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
+@pytest.mark.parametrize("case", OUT_CASES, ids=[c[0] for c in OUT_CASES])
+def test_bad_dequantize_out(case, device):
+    _, make_out, message = case
+    with pytest.raises(RuntimeError, match="nf4::dequantize.out: " + message):
+        torch.ops.nf4.dequantize.out(dtype=torch.bfloat16, out=make_out(device), **valid_args(device, nested=False))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
+def test_dequantize_out_on_another_device():
+    out = torch.empty(N, K, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match=r"nf4::dequantize.out: out must be on the same device as packed"):
+        torch.ops.nf4.dequantize.out(dtype=torch.bfloat16, out=out, **valid_args("cuda", nested=False))
+
+
 @pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
 def test_bad_dequantize_dtype(device):
     args = valid_args(device, nested=False)

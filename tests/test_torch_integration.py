@@ -20,6 +20,8 @@ def opcheck_samples(device):
     for quant_type, nested in [("nf4", False), ("fp4", True)]:
         packed, args = weight(device, quant_type=quant_type, nested=nested)
         samples.append((torch.ops.nf4.dequantize.default, (packed,), dict(dtype=torch.bfloat16, **args)))
+        out = torch.empty(args["shape"], dtype=torch.float16, device=device)
+        samples.append((torch.ops.nf4.dequantize.out, (packed,), dict(dtype=torch.float16, out=out, **args)))
         for rows in (1, 12):
             x = torch.randn(rows, 320, device=device, dtype=torch.float16)
             bias = torch.randn(48, device=device, dtype=torch.float16)
