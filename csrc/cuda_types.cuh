@@ -39,31 +39,6 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// Per-CTA shared-memory copies of the lookup tables: the 16 code values and, for nested absmax, the
-// 256-entry map and the offset, so that the per-item scale costs one global load (the uint8 code) and
-// shared-memory lookups instead of a chain of dependent global loads.
-struct SharedTables {
-  float code[16];
-  float code2[256];
-  float offset;
-};
-
-// Fills `tables` (all threads of the CTA take part) and returns `scales` with its nested map and offset
-// pointing at the shared copies. Ends with a barrier, so every thread may read the tables afterwards.
-__device__ __forceinline__ BlockScales load_shared_tables(SharedTables& tables, QuantType quant_type,
-                                                          const BlockScales& scales) {
-  for (int i = threadIdx.x; i < 16; i += blockDim.x) tables.code[i] = code_table(quant_type).value[i];
-  BlockScales local = scales;
-  if (scales.nested()) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) tables.code2[i] = scales.code2[i];
-    if (threadIdx.x == 0) tables.offset = *scales.offset;
-    local.code2 = tables.code2;
-    local.offset = &tables.offset;
-  }
-  __syncthreads();
-  return local;
-}
-
 // Whether a pointer allows 16-byte vector access.
 inline bool is_aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -18,7 +18,7 @@ namespace nf4 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 8;
+constexpr int kUnroll = 4;
 
 template <typename T>
 struct Item {
@@ -33,9 +33,9 @@ __global__ void __launch_bounds__(kThreads)
                       int blocksize_log2, int64_t numel, int64_t vector_items, T* __restrict__ out) {
   using Word = typename Item<T>::PackedWord;
   constexpr int kElements = Item<T>::kElements;
-  __shared__ SharedTables tables;
-  const BlockScales shared_scales = load_shared_tables(tables, quant_type, scales);
-  const float* table = tables.code;
+  __shared__ float table[16];
+  if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
+  __syncthreads();
 
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t item = first + u * stride;
       if (item < vector_items) {
         words[u] = __ldg(reinterpret_cast<const Word*>(packed) + item);
-        item_scales[u] = shared_scales.at((item * kElements) >> blocksize_log2);
+        item_scales[u] = scales.at((item * kElements) >> blocksize_log2);
       }
     }
 #pragma unroll
@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   for (int64_t e = vector_items * kElements + tid; e < numel; e += stride) {
-    out[e] = from_float<T>(mul_rn(table[nibble_at(packed, e)], shared_scales.at(e >> blocksize_log2)));
+    out[e] = from_float<T>(mul_rn(table[nibble_at(packed, e)], scales.at(e >> blocksize_log2)));
   }
 }
 

@@ -37,9 +37,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     fused_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                       QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                       const T* __restrict__ bias, T* __restrict__ out) {
-  __shared__ SharedTables tables;
-  const BlockScales shared_scales = load_shared_tables(tables, quant_type, scales);
-  const float* table = tables.code;
+  __shared__ float table[16];
+  if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
+  __syncthreads();
 
   const int lane = threadIdx.x % 32;
   const int64_t n = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int64_t c = lane; c < chunks; c += 32) {
       const int64_t chunk = first_chunk + c;
       float w[kChunkElements];
-      decode_chunk(load_packed_chunk(packed, chunk), table, shared_scales.at((chunk * kChunkElements) >> blocksize_log2), w);
+      decode_chunk(load_packed_chunk(packed, chunk), table, scales.at((chunk * kChunkElements) >> blocksize_log2), w);
 #pragma unroll
       for (int m = 0; m < kFusedGemvMaxRows; ++m) {
         if (m < x_rows) acc[m] += dot_chunk(x + m * cols + c * kChunkElements, w);
@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   } else {
     for (int64_t k = lane; k < cols; k += 32) {
       const int64_t e = row_start + k;
-      const float w = mul_rn(table[nibble_at(packed, e)], shared_scales.at(e >> blocksize_log2));
+      const float w = mul_rn(table[nibble_at(packed, e)], scales.at(e >> blocksize_log2));
 #pragma unroll
       for (int m = 0; m < kFusedGemvMaxRows; ++m) {
         if (m < x_rows) acc[m] += to_float(x[m * cols + k]) * w;
