@@ -12,5 +12,6 @@ except ImportError as error:  # a missing or broken build is an error, never a s
     ) from error
 
 from .ops import dequantize, gemv, quant_state_args
+from .patch import is_patched, patch, unpatch
 
-__all__ = ["dequantize", "gemv", "quant_state_args"]
+__all__ = ["dequantize", "gemv", "is_patched", "patch", "quant_state_args", "unpatch"]

@@ -1,0 +1,176 @@
+"""nf4_ops.patch(model): run every bitsandbytes Linear4bit of a loaded model on the nf4 operators.
+
+The patched forward keeps bitsandbytes 0.50's `Linear4bit.forward` semantics (quant-state restore from the
+module, compute-dtype rule, bias cast, output cast back to the input dtype) and replaces only the matmul:
+`nf4::gemv`, which runs its fused kernel for few rows of x and dequantizes once + calls the dense matmul
+(cuBLAS) for many; the crossover is the op's, `kFusedGemvMaxRows` in csrc/ops.h. It adds an autograd rule for QLoRA (gradient for x and bias, never for the weight).
+
+Layers it cannot run (an unknown weight layout, a device without nf4 kernels) keep their original forward;
+one warning names them and says why. Nothing is changed in the checkpoint or the modules' parameters.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+from typing import Optional
+
+import torch
+
+from .ops import quant_state_args
+
+# The module attribute that marks a patched layer and remembers how to undo the patch.
+_SAVED = "_nf4_ops_saved_forward"
+_KNOWN_QUANT_TYPES = ("nf4", "fp4")
+
+
+class _Nf4Linear(torch.autograd.Function):
+    """y = x @ W.T + bias with W 4-bit; backward gives grad_x = grad_y @ W and grad_bias, no weight grad."""
+
+    @staticmethod
+    def forward(ctx, x, bias, packed, args):
+        ctx.packed, ctx.args = packed, args
+        ctx.bias_needs_grad = bias is not None and bias.requires_grad
+        return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        grad_x = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            weight = torch.ops.nf4.dequantize(ctx.packed, dtype=grad_y.dtype, **ctx.args)
+            grad_x = grad_y @ weight
+        if ctx.bias_needs_grad:
+            grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)
+        return grad_x, grad_bias, None, None
+
+
+def _nf4_linear(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    args = quant_state_args(quant_state)
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return _Nf4Linear.apply(x, bias, packed, args)
+    return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+
+
+def _kernel_device_types() -> frozenset:
+    """Device types this build of nf4_ops has kernels for (read once per patch(), not per call)."""
+    return frozenset(
+        t for t in ("cpu", "cuda") if torch._C._dispatch_has_kernel_for_dispatch_key("nf4::gemv", t.upper())
+    )
+
+
+def _unsupported_reason(module, kernel_devices: frozenset) -> Optional[str]:
+    """Why this Linear4bit cannot run on the nf4 ops now, or None if it can. Plain Python on the module's
+    attributes, so torch.compile traces it without a graph break."""
+    weight = module.weight
+    state = getattr(weight, "quant_state", None) or getattr(module, "quant_state", None)
+    if state is None:
+        return "no quant_state (the weight was never quantized)"
+    if getattr(state, "packing_format_for_cpu", False):
+        return "weight repacked in bitsandbytes' CPU-only layout (packing_format_for_cpu)"
+    if state.quant_type not in _KNOWN_QUANT_TYPES:
+        return f"quant_type {state.quant_type!r} is not one of {_KNOWN_QUANT_TYPES}"
+    if len(state.shape) != 2:
+        return f"quant_state.shape {tuple(state.shape)} is not [out_features, in_features]"
+    if weight.device.type not in kernel_devices:
+        return f"no nf4 kernels for device {weight.device.type!r} (this build has {sorted(kernel_devices)})"
+    return None
+
+
+def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """bitsandbytes 0.50's Linear4bit.forward with its matmul on nf4::gemv."""
+    import bitsandbytes as bnb
+
+    bnb.nn.modules.fix_4bit_weight_quant_state_from_module(self)
+    saved = getattr(self, _SAVED)
+    reason = _unsupported_reason(self, saved.kernel_devices)
+    if reason is not None:  # the layer changed since patch() (moved to another device, repacked)
+        _warn_once(self, reason)
+        return saved.original(x)
+    quant_state = self.weight.quant_state
+
+    if not self.compute_type_is_set:
+        self.set_compute_type(x)
+        self.compute_type_is_set = True
+    input_dtype = x.dtype
+    if self.compute_dtype is not None:
+        x = x.to(self.compute_dtype)
+
+    bias = self.bias
+    if bias is not None:
+        if bias.dtype != x.dtype:  # bitsandbytes casts the stored bias to the compute dtype too
+            bias.data = bias.data.to(x.dtype)
+        bias = bias.to(x.dtype)
+    return _nf4_linear(x, self.weight, quant_state, bias).to(input_dtype)
+
+
+class _SavedForward:
+    """How a layer's forward looked before patch(): which attribute was replaced and its old value."""
+
+    def __init__(self, module, kernel_devices: frozenset):
+        self.kernel_devices = kernel_devices
+        # accelerate's hooks (device_map=...) wrap `forward` and call `_old_forward`: patch the inner one.
+        self.attribute = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
+        self.had_instance_attribute = self.attribute in module.__dict__
+        self.previous = module.__dict__.get(self.attribute)
+        self.original = getattr(module, self.attribute)
+        self.warned = False
+
+    def restore(self, module) -> None:
+        if self.had_instance_attribute:
+            setattr(module, self.attribute, self.previous)
+        else:
+            delattr(module, self.attribute)
+
+
+def _warn_once(module, reason: str) -> None:
+    saved = getattr(module, _SAVED)
+    if not saved.warned:
+        saved.warned = True
+        warnings.warn(f"nf4_ops: a patched Linear4bit runs its original forward: {reason}", stacklevel=3)
+
+
+def _linear4bit_layers(model):
+    import bitsandbytes as bnb
+
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
+
+
+def patch(model: torch.nn.Module) -> torch.nn.Module:
+    """Makes every bitsandbytes Linear4bit in `model` run on nf4::gemv / nf4::dequantize; returns `model`.
+
+    Patching twice is harmless; `unpatch(model)` restores the original forwards exactly. Layers that
+    cannot run on the nf4 ops are left alone and named in one warning.
+    """
+    left_alone = []
+    kernel_devices = _kernel_device_types()
+    for name, module in _linear4bit_layers(model):
+        if hasattr(module, _SAVED):
+            continue
+        reason = _unsupported_reason(module, kernel_devices)
+        if reason is not None:
+            left_alone.append(f"{name or '<model>'}: {reason}")
+            continue
+        saved = _SavedForward(module, kernel_devices)
+        setattr(module, _SAVED, saved)
+        setattr(module, saved.attribute, types.MethodType(_patched_forward, module))
+    if left_alone:
+        warnings.warn(
+            f"nf4_ops.patch left {len(left_alone)} Linear4bit layer(s) on their original forward:\n  "
+            + "\n  ".join(left_alone),
+            stacklevel=2,
+        )
+    return model
+
+
+def unpatch(model: torch.nn.Module) -> torch.nn.Module:
+    """Restores the forward every patched Linear4bit in `model` had before patch(); returns `model`."""
+    for _, module in _linear4bit_layers(model):
+        saved = module.__dict__.pop(_SAVED, None)
+        if saved is not None:
+            saved.restore(module)
+    return model
+
+
+def is_patched(module: torch.nn.Module) -> bool:
+    """Whether this Linear4bit currently runs on the nf4 ops."""
+    return hasattr(module, _SAVED)
