@@ -23,6 +23,7 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)  # fmt: skip
 ARCHITECTURES = {
     "llama": lambda: transformers.LlamaConfig(**TINY),
+    "qwen2": lambda: transformers.Qwen2Config(**TINY),  # q/k/v projections with bias
     "qwen3": lambda: transformers.Qwen3Config(**TINY, head_dim=16),
     "gemma": lambda: transformers.GemmaConfig(**TINY, head_dim=16),
 }
@@ -47,10 +48,11 @@ def tmp_root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tiny_models"))
 
 
-def load_4bit(path, quant_type="nf4", nested=True, compute_dtype=torch.float32, device="cpu", dtype=None):
+def load_4bit(path, quant_type="nf4", nested=True, compute_dtype=torch.float32, device="cpu", dtype=None,
+              storage=torch.uint8):
     config = transformers.BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_use_double_quant=nested,
-        bnb_4bit_compute_dtype=compute_dtype,
+        bnb_4bit_compute_dtype=compute_dtype, bnb_4bit_quant_storage=storage,
     )  # fmt: skip
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path, quantization_config=config, device_map=device, dtype=dtype or compute_dtype
@@ -86,6 +88,17 @@ def test_patched_logits_match(arch, quant_type, nested, compute_dtype, tmp_root)
     assert layers and all(nf4_ops.is_patched(m) for m in layers)
     assert relative_error(logits(model), expected) < LOGIT_RTOL[compute_dtype]
     assert relative_error(logits(model, PROMPT[:, :1]), decode_expected) < LOGIT_RTOL[compute_dtype]
+
+
+@pytest.mark.parametrize("storage", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_quant_storage_dtypes(storage, tmp_root):
+    """FSDP-QLoRA's quant_storage: the same packed bytes viewed as another dtype."""
+    model = load_4bit(saved_tiny_model("qwen3", tmp_root), storage=storage)
+    assert {m.weight.dtype for m in linear4bit_layers(model)} == {storage}
+    expected = logits(model)
+    nf4_ops.patch(model)
+    assert all(nf4_ops.is_patched(m) for m in linear4bit_layers(model))
+    assert relative_error(logits(model), expected) < LOGIT_RTOL[torch.float32]
 
 
 def test_fp16_compute_and_hf_default_fp32(tmp_root):
