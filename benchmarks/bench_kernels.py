@@ -28,7 +28,7 @@ import torch
 import nf4_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import dequantize_bytes, dequantize_table, gemv_bytes, gemv_table, header_line  # noqa: E402
+from report import crossover_table, dequantize_bytes, dequantize_table, gemv_bytes, gemv_table, header_line  # noqa: E402
 
 BLOCKSIZE = 64
 QUANT_TYPE = "nf4"
@@ -165,9 +165,73 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
                 lambda w: torch.nn.functional.linear(x, w), dense
             )
             del dense
+            if rows == 1:  # HF's default compute dtype is fp32: the CUDA-core kernel's documented speed
+                x32 = x.float()
+                row.times_us["nf4ops_gemv_M1_fp32x"] = graph_median_us(
+                    lambda p, s: nf4_ops.gemv(x32, p, s), quantized
+                )
     del weight
     torch.cuda.empty_cache()
     return row
+
+
+CROSSOVER_LAYERS = [Layer("llama3.3-70b", "gate/up", 28672, 8192), Layer("llama3.3-70b", "kv", 1024, 8192)]
+CROSSOVER_ROWS = [1, 2, 4, 8, 12, 16, 17, 24, 32, 48, 64, 96, 128, 192, 256]
+
+
+def bench_crossover(layer: Layer, row_counts: list[int], bnb) -> list[dict]:
+    """nf4::gemv (which picks its fused kernel or dequantize + cuBLAS by the rows of x), the two paths it
+    chooses between (dequantize into a preallocated buffer + cuBLAS), bitsandbytes and cuBLAS bf16, for
+    each row count: the curve that sets kTensorCoreGemvMaxRows."""
+    import bitsandbytes.functional as bnbf
+
+    weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
+    most = copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, min(row_counts)))
+    all_quantized = [bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE) for _ in range(most)]
+    dense = [(weight.clone(),) for _ in range(copies_for(layer.n * layer.k * 2))]
+    buffer = torch.empty_like(weight)
+    out = []
+    for rows in row_counts:
+        quantized = all_quantized[: copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, rows))]
+        x = torch.randn(rows, layer.k, device="cuda", dtype=torch.bfloat16)
+
+        def dequantize_then_cublas(p, s):
+            nf4_ops.dequantize(p, s, torch.bfloat16, out=buffer)
+            return torch.nn.functional.linear(x, buffer)
+
+        out.append({"rows": rows, "times_us": {
+            "nf4ops_gemv": graph_median_us(lambda p, s: nf4_ops.gemv(x, p, s), quantized),
+            "nf4ops_dequantize_cublas": graph_median_us(dequantize_then_cublas, quantized),
+            "bnb": graph_median_us(lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s), quantized),
+            "cublas_bf16": graph_median_us(lambda w: torch.nn.functional.linear(x, w), dense),
+        }})  # fmt: skip
+    del all_quantized, dense, buffer, weight
+    torch.cuda.empty_cache()
+    return out
+
+
+def plot_crossover(curves: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(7 * len(curves), 4.5), squeeze=False)
+    for ax, curve in zip(axes[0], curves):
+        ms = [p["rows"] for p in curve["points"]]
+        for key, label in [("nf4ops_gemv", "nf4::gemv"), ("nf4ops_dequantize_cublas", "nf4 dequantize + cuBLAS"),
+                           ("bnb", "bitsandbytes matmul_4bit"), ("cublas_bf16", "cuBLAS bf16")]:  # fmt: skip
+            ax.plot(ms, [p["times_us"][key] for p in curve["points"]], marker="o", ms=3, label=label)
+        lay = curve["layer"]
+        ax.set_title(f"{lay['model']} {lay['name']} {lay['n']}x{lay['k']}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("rows of x (M)")
+        ax.set_ylabel("µs")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{torch.cuda.get_device_name()}: time against rows of x (NF4, blocksize {BLOCKSIZE}, bf16)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def plot(rows: list[Row], ceilings: dict[str, float], path: Path) -> None:
@@ -208,6 +272,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="Llama-3.3-70B's layers only")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="rows of x for gemv")
+    parser.add_argument("--no-crossover", action="store_true", help="skip the rows-of-x sweep")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU; none is visible", file=sys.stderr)
@@ -232,13 +297,22 @@ def main() -> int:
         rows.append(bench_layer(layer, args.rows, bnb))
         print(f"[{i + 1}/{len(layers)}] {layer.model} {layer.name} {layer.n}x{layer.k}: {time.time() - start:.1f}s",
               flush=True)
+    curves = []
+    for layer in [] if args.no_crossover else CROSSOVER_LAYERS:
+        start = time.time()
+        curves.append({"layer": asdict(layer), "points": bench_crossover(layer, CROSSOVER_ROWS, bnb)})
+        print(f"[crossover] {layer.model} {layer.name}: {time.time() - start:.1f}s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"env": env, "ceilings_GBps": ceilings, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
-               "rows": [{"layer": asdict(r.layer), "times_us": r.times_us} for r in rows]}  # fmt: skip
+               "rows": [{"layer": asdict(r.layer), "times_us": r.times_us} for r in rows],
+               "crossover": curves}  # fmt: skip
     (args.out / "kernels.json").write_text(json.dumps(results, indent=1))
     plot(rows, ceilings, args.out / "kernels.png")
-    print(f"\nwrote {args.out / 'kernels.json'} and {args.out / 'kernels.png'}\n")
-    print(header_line(results), "", dequantize_table(results), "", gemv_table(results), sep="\n")
+    if curves:
+        plot_crossover(curves, args.out / "crossover.png")
+    print(f"\nwrote {args.out / 'kernels.json'} and the plots in {args.out}\n")
+    print(header_line(results), "", dequantize_table(results), "", gemv_table(results), "",
+          crossover_table(results), sep="\n")
     return 0
 
 

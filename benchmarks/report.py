@@ -63,7 +63,8 @@ def dequantize_table(results: dict) -> str:
 def gemv_table(results: dict) -> str:
     read = read_ceiling(results["ceilings_GBps"])
     bs = results["blocksize"]
-    row_counts = sorted({int(key.rsplit("M", 1)[1]) for key in results["rows"][0]["times_us"] if "_gemv_M" in key})
+    row_counts = sorted({int(key.rsplit("M", 1)[1]) for key in results["rows"][0]["times_us"]
+                         if key.startswith("nf4ops_gemv_M") and key.rsplit("M", 1)[1].isdigit()})  # fmt: skip
     header = ["model", "layer", "N x K"]
     for m in row_counts:
         header += [f"M={m} µs", f"M={m} GB/s", f"M={m} % of read ceiling", f"M={m} vs bnb", f"M={m} vs cuBLAS bf16"]
@@ -76,8 +77,37 @@ def gemv_table(results: dict) -> str:
             gbps = gemv_bytes(lay["n"], lay["k"], bs, m) / ours / 1e3
             cells += [f"{ours:.1f}", f"{gbps:.0f}", f"{100 * gbps / read:.0f}",
                       f"{t[f'bnb_gemv_M{m}'] / ours:.2f}x", f"{t[f'cublas_gemv_M{m}'] / ours:.2f}x"]  # fmt: skip
+        if 1 in row_counts and len(row_counts) > 1:
+            cells.append(f"{t[f'nf4ops_gemv_M{row_counts[-1]}'] / t['nf4ops_gemv_M1']:.2f}")
+        if "nf4ops_gemv_M1_fp32x" in t:
+            cells.append(f"{t['nf4ops_gemv_M1_fp32x']:.1f}")
         lines.append(_row(cells))
+    t0 = results["rows"][0]["times_us"]
+    if 1 in row_counts and len(row_counts) > 1:
+        header.append(f"M={row_counts[-1]} time / M=1 time")
+    if "nf4ops_gemv_M1_fp32x" in t0:
+        header.append("M=1 µs, fp32 x")
+    lines[0:2] = [_row(header), _row(["---"] * len(header))]
     return "\n".join(lines)
+
+
+def crossover_table(results: dict) -> str:
+    """Time against rows of x, for the layers of the crossover sweep: nf4::gemv, the dequantize + cuBLAS
+    path it switches to, bitsandbytes and cuBLAS bf16."""
+    lines = []
+    for curve in results.get("crossover", []):
+        lay = curve["layer"]
+        lines += [f"{lay['model']} {lay['name']} {lay['n']} x {lay['k']}:", ""]
+        header = ["M", "nf4::gemv µs", "nf4 dequantize + cuBLAS µs", "bnb µs", "cuBLAS bf16 µs",
+                  "nf4::gemv vs best of (bnb, dequantize + cuBLAS)"]  # fmt: skip
+        lines += [_row(header), _row(["---"] * len(header))]
+        for p in curve["points"]:
+            t = p["times_us"]
+            best_other = min(t["bnb"], t["nf4ops_dequantize_cublas"])
+            lines.append(_row([str(p["rows"]), f"{t['nf4ops_gemv']:.1f}", f"{t['nf4ops_dequantize_cublas']:.1f}",
+                               f"{t['bnb']:.1f}", f"{t['cublas_bf16']:.1f}", f"{best_other / t['nf4ops_gemv']:.2f}x"]))
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def header_line(results: dict) -> str:
@@ -105,6 +135,11 @@ def readme_section(results: dict, json_path: str) -> str:
         "**GEMV** `x[M, K] @ W.T` (bytes moved: packed weight + absmax + x read, y written):",
         "",
         gemv_table(results),
+        "",
+        "**Rows of x**: where `nf4::gemv` switches from its fused kernel to dequantize + cuBLAS "
+        "(`kTensorCoreGemvMaxRows`, csrc/ops.h):",
+        "",
+        crossover_table(results),
         END,
     ])  # fmt: skip
 
@@ -116,7 +151,8 @@ def main() -> int:
     args = parser.parse_args()
     results = json.loads(args.results.read_text())
     if args.readme is None:
-        print(header_line(results), dequantize_table(results), "", gemv_table(results), sep="\n")
+        print(header_line(results), dequantize_table(results), "", gemv_table(results), "", crossover_table(results),
+              sep="\n")
         return 0
     text = args.readme.read_text()
     if BEGIN not in text or END not in text:

@@ -80,9 +80,13 @@ at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS);
 void dequantize_out_cuda(NF4_DEQUANTIZE_PARAMS, at::Tensor& out);
 at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
 
-// Above this many rows of x, gemv dequantizes W once and calls the dense matmul library instead of the
-// fused kernel, because the weight is then reused by enough rows that a matrix-matrix product wins.
-// The CPU and CUDA kernels both follow it; the performance issues tune it per GPU.
+// The crossover between gemv's fused kernels and dequantize + dense matmul (cuBLAS on CUDA, at::linear
+// on the CPU): above this many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
+// because W is then reused by enough rows that a matrix-matrix product wins. This is the one place it is
+// set; benchmarks/bench_kernels.py --crossover measures it (README, "Performance").
+//  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x, or shapes the tensor-core kernel cannot take):
 constexpr int64_t kFusedGemvMaxRows = 8;
+//  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 64 == 0, blocksize >= 64):
+constexpr int64_t kTensorCoreGemvMaxRows = 16;
 
 }  // namespace nf4

@@ -10,10 +10,11 @@ from conftest import (
     ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, assert_gemv_close, bnb_quantize, dtype_id, state_on,
 )  # fmt: skip
 
-# Rows of x on each side of the fused / dense boundary (kFusedGemvMaxRows = 8 in csrc/ops.h).
-ROW_COUNTS = [0, 1, 3, 8, 9, 33]
+# Rows of x on each side of the fused / dense boundaries (csrc/ops.h: kFusedGemvMaxRows = 8 for the CPU and
+# CUDA-core kernels, kTensorCoreGemvMaxRows = 16 for the tensor-core kernel, whose n-tiles hold 8 rows).
+ROW_COUNTS = [0, 1, 3, 8, 9, 16, 17, 33]
 SHAPES = {
-    "k_multiple_of_32": (48, 320),  # the vectorised kernel path
+    "k_multiple_of_64": (48, 320),  # the tensor-core kernel for fp16 / bf16 x on CUDA; vectorised otherwise
     "odd_k": (33, 77),  # the element-wise path; N*K odd
 }
 
@@ -75,6 +76,20 @@ def test_gemv_non_contiguous_x(rows, device):
     assert_gemv_close(torch.ops.nf4.gemv(x, packed, **args), x, packed, args)
     x_sliced = random_x((rows, 640), torch.bfloat16, device)[:, ::2]  # every other column
     assert_gemv_close(torch.ops.nf4.gemv(x_sliced, packed, **args), x_sliced, packed, args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 7, 16], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_gemv_tensor_core_tiling(nested, rows):
+    # More 16-row tiles than the CTAs the GPU holds at once (each CTA loops over tiles), a last tile of
+    # 8 rows, and 67 64-element steps of K split over 8 warps (9 each: the unrolled loop and its tail; the
+    # last warp gets 4) -- every loop of the kernel's layout.
+    shape = (16 * 900 + 8, 64 * 67)
+    packed, args = weight_on("cuda", shape, "nf4", 256, nested)
+    x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
+    bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
+    assert_gemv_close(torch.ops.nf4.gemv(x, packed, bias=bias, **args), x, packed, args, bias)
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)

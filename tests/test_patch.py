@@ -309,7 +309,9 @@ def test_generate_static_cache_compiled_matches_eager_cpu(tmp_root):
 
 def run_child(code: str) -> subprocess.CompletedProcess:
     root = Path(__file__).resolve().parent.parent
-    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=600)
+    # -X faulthandler: a crash prints the Python stack of every thread to stderr, which the failure quotes.
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], cwd=root, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
