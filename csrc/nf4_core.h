@@ -78,10 +78,17 @@ struct BlockScales {
 
   NF4_HD bool nested() const { return absmax == nullptr; }
 
-  NF4_HD float at(int64_t block) const {
-    if (!nested()) return absmax[block];
-    const float scaled = mul_rn(code2[codes[block]], absmax2[block >> nested_blocksize_log2]);
-    return add_rn(scaled, *offset);
+  NF4_HD float at(int64_t block) const { return nested() ? at_known<true>(block) : at_known<false>(block); }
+
+  // at(), for kernels compiled separately for plain and nested absmax.
+  template <bool kNested>
+  NF4_HD float at_known(int64_t block) const {
+    if constexpr (!kNested) {
+      return absmax[block];
+    } else {
+      const float scaled = mul_rn(code2[codes[block]], absmax2[block >> nested_blocksize_log2]);
+      return add_rn(scaled, *offset);
+    }
   }
 };
 

@@ -32,7 +32,11 @@ def random_weight(n, k, blocksize, nested, device="cuda", misalign=False):
 
 def main():
     failures = 0
-    cases = [(64, 320, 64, False, False), (33, 77, 32, True, False), (48, 1088, 4096, True, True), (7, 40, 128, False, True)]
+    # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 64 == 0, aligned) with
+    # one K slice (64 x 320) and with K cut into slices plus the slice-adding kernel (40 x 4288); the
+    # CUDA-core and scalar paths (odd K, bs 32, misaligned).
+    cases = [(64, 320, 64, False, False), (40, 4288, 64, True, False), (40, 4288, 256, False, False),
+             (33, 77, 32, True, False), (48, 1088, 4096, True, True), (7, 40, 128, False, True)]  # fmt: skip
     for n, k, blocksize, nested, misalign in cases:
         packed, args = random_weight(n, k, blocksize, nested, misalign=misalign)
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -40,7 +44,7 @@ def main():
             if not torch.equal(out, dequantize_reference(packed, dtype=dtype, **args)):
                 failures += 1
                 print(f"dequantize mismatch: {n}x{k} bs{blocksize} nested={nested} {dtype}")
-        for rows in (1, 5, 8, 12):
+        for rows in (1, 5, 8, 12, 16):
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)

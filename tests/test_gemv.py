@@ -78,14 +78,19 @@ def test_gemv_non_contiguous_x(rows, device):
     assert_gemv_close(torch.ops.nf4.gemv(x_sliced, packed, **args), x_sliced, packed, args)
 
 
+# Shapes that reach every loop of the tensor-core kernel (csrc/gemv.cu): more 16-row tiles than the CTAs
+# the GPU holds at once, with a last tile of 8 rows, and 67 64-element steps of K (split over 8 warps: 9
+# each, so the 4-step turns and a partial one; the last warp gets 4); and few rows with a long K, which is
+# cut into slices whose fp32 sums a second kernel adds.
+TENSOR_CORE_SHAPES = {"many_tiles": (16 * 900 + 8, 64 * 67), "k_slices": (40, 64 * 67)}
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("rows", [1, 7, 16], ids=lambda m: f"M{m}")
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
-def test_gemv_tensor_core_tiling(nested, rows):
-    # More 16-row tiles than the CTAs the GPU holds at once (each CTA loops over tiles), a last tile of
-    # 8 rows, and 67 64-element steps of K split over 8 warps (9 each: the unrolled loop and its tail; the
-    # last warp gets 4) -- every loop of the kernel's layout.
-    shape = (16 * 900 + 8, 64 * 67)
+@pytest.mark.parametrize("shape_name", list(TENSOR_CORE_SHAPES))
+def test_gemv_tensor_core_tiling(shape_name, nested, rows):
+    shape = TENSOR_CORE_SHAPES[shape_name]
     packed, args = weight_on("cuda", shape, "nf4", 256, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
@@ -94,11 +99,12 @@ def test_gemv_tensor_core_tiling(nested, rows):
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_gemv_is_deterministic(device):
-    packed, args = weight_on(device, (256, 1024), "nf4", 64, True)
-    x = random_x((4, 1024), torch.bfloat16, device)
-    first = torch.ops.nf4.gemv(x, packed, **args)
-    for _ in range(3):
-        assert torch.equal(torch.ops.nf4.gemv(x, packed, **args), first)
+    for shape in [(256, 1024), (40, 4288)]:  # the second cuts K into slices on CUDA
+        packed, args = weight_on(device, shape, "nf4", 64, True)
+        x = random_x((4, shape[1]), torch.bfloat16, device)
+        first = torch.ops.nf4.gemv(x, packed, **args)
+        for _ in range(3):
+            assert torch.equal(torch.ops.nf4.gemv(x, packed, **args), first)
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
