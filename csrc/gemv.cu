@@ -118,7 +118,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 constexpr int kTcWarps = 8;                 // warps per CTA
 constexpr int kTcTileRows = 16;             // W rows per tile (the mma's M)
 constexpr int kTcStep = 64;                 // K elements per step: 4 mma k-tiles, one absmax scale per row
-constexpr int kTcUnroll = 4;                // steps per loop turn; the next turn's weight loads are in flight
+#ifndef NF4_TC_UNROLL  // build-time knobs for tuning runs (benchmarks/NOTES.md); the defaults are the measured best
+#define NF4_TC_UNROLL 4
+#endif
+#ifndef NF4_TC_MIN_CTAS_PER_SM
+#define NF4_TC_MIN_CTAS_PER_SM 1
+#endif
+constexpr int kTcUnroll = NF4_TC_UNROLL;    // steps per loop turn; the next turn's weight loads are in flight
 constexpr int kTcLutEntryBytes = 256;       // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcMaxSplits = 8;             // most K slices per tile
@@ -174,13 +180,14 @@ __device__ __forceinline__ uint32_t code_pair(const uint8_t* lut, uint32_t word,
 // One 64-element step of one tile: 4 k-tiles into fresh fp32 sums, then acc += absmax * sums per W row.
 template <typename T, int kNTiles>
 __device__ __forceinline__ void tc_gemv_step(uint2 w_lo, uint2 w_hi, float scale_lo, float scale_hi,
-                                             const T* const (&x_lane)[kNTiles], int64_t k0, const uint8_t* lut,
-                                             uint32_t lane4, float (&acc)[kNTiles][4]) {
+                                             const T* const (&x_lane)[kNTiles], int64_t k0, bool live,
+                                             const uint8_t* lut, uint32_t lane4, float (&acc)[kNTiles][4]) {
   uint4 xv[kNTiles][2];
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    xv[nt][0] = __ldg(reinterpret_cast<const uint4*>(x_lane[nt] + k0));
-    xv[nt][1] = __ldg(reinterpret_cast<const uint4*>(x_lane[nt] + k0) + 1);
+  for (int nt = 0; nt < kNTiles; ++nt) {  // a step past the end reads no x (it may lie past x's end)
+    const uint4* x16 = reinterpret_cast<const uint4*>(x_lane[nt] + k0);
+    xv[nt][0] = live ? __ldg(x16) : make_uint4(0, 0, 0, 0);
+    xv[nt][1] = live ? __ldg(x16 + 1) : make_uint4(0, 0, 0, 0);
   }
   float sums[kNTiles][4] = {};
 #pragma unroll
@@ -220,7 +227,7 @@ __device__ __forceinline__ float row_scale(const BlockScales& scales, int64_t ro
 // Requirements (checked by tensor_core_gemv_applies): K % 64 == 0, blocksize >= 64, packed 8-byte and x
 // 16-byte aligned, 1 <= x_rows <= 8 * kNTiles. `partial` is [splits, x_rows, rows] fp32 when splits > 1.
 template <typename T, int kNTiles, bool kNested>
-__global__ void __launch_bounds__(kTcWarps * 32)
+__global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows, int splits,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
@@ -269,34 +276,38 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     const int64_t start_lo = row_lo * cols;
     const int64_t start_hi = row_hi * cols;
 
+    // A turn is kTcUnroll steps, with no branches inside so that the compiler can issue every load early;
+    // steps past `end` get zero weight bytes, zero scales and zero x, and add nothing. The weight bytes and
+    // scales of the next turn are requested before this turn's are used.
+    const auto fetch = [&](int64_t first, uint2 (&lo)[kTcUnroll], uint2 (&hi)[kTcUnroll],
+                           float (&scale_lo)[kTcUnroll], float (&scale_hi)[kTcUnroll]) {
+#pragma unroll
+      for (int u = 0; u < kTcUnroll; ++u) {
+        const bool live = first + u < end;
+        const int64_t k0 = (first + u) * kTcStep;
+        lo[u] = live ? load_weight_bytes(w_lo + k0 / 2) : make_uint2(0, 0);
+        hi[u] = live ? load_weight_bytes(w_hi + k0 / 2) : make_uint2(0, 0);
+        scale_lo[u] = live ? row_scale<kNested>(scales, start_lo, k0, blocksize_log2) : 0.0f;
+        scale_hi[u] = live ? row_scale<kNested>(scales, start_hi, k0, blocksize_log2) : 0.0f;
+      }
+    };
     float acc[kNTiles][4] = {};
     uint2 lo[kTcUnroll], hi[kTcUnroll];
-#pragma unroll
-    for (int u = 0; u < kTcUnroll; ++u) {
-      const bool live = begin + u < end;
-      lo[u] = live ? load_weight_bytes(w_lo + (begin + u) * (kTcStep / 2)) : make_uint2(0, 0);
-      hi[u] = live ? load_weight_bytes(w_hi + (begin + u) * (kTcStep / 2)) : make_uint2(0, 0);
-    }
+    float scale_lo[kTcUnroll], scale_hi[kTcUnroll];
+    fetch(begin, lo, hi, scale_lo, scale_hi);
     for (int64_t s = begin; s < end; s += kTcUnroll) {
-      // The next turn's weight bytes are requested before this turn's are used.
       uint2 next_lo[kTcUnroll], next_hi[kTcUnroll];
+      float next_scale_lo[kTcUnroll], next_scale_hi[kTcUnroll];
+      fetch(s + kTcUnroll, next_lo, next_hi, next_scale_lo, next_scale_hi);
 #pragma unroll
       for (int u = 0; u < kTcUnroll; ++u) {
-        const bool live = s + kTcUnroll + u < end;
-        next_lo[u] = live ? load_weight_bytes(w_lo + (s + kTcUnroll + u) * (kTcStep / 2)) : make_uint2(0, 0);
-        next_hi[u] = live ? load_weight_bytes(w_hi + (s + kTcUnroll + u) * (kTcStep / 2)) : make_uint2(0, 0);
+        tc_gemv_step<T, kNTiles>(lo[u], hi[u], scale_lo[u], scale_hi[u], x_lane, (s + u) * kTcStep,
+                                 s + u < end, lut, lane4, acc);
       }
 #pragma unroll
       for (int u = 0; u < kTcUnroll; ++u) {
-        if (s + u < end) {
-          const int64_t k0 = (s + u) * kTcStep;
-          tc_gemv_step<T, kNTiles>(lo[u], hi[u], row_scale<kNested>(scales, start_lo, k0, blocksize_log2),
-                                   row_scale<kNested>(scales, start_hi, k0, blocksize_log2), x_lane, k0, lut,
-                                   lane4, acc);
-        }
+        lo[u] = next_lo[u], hi[u] = next_hi[u], scale_lo[u] = next_scale_lo[u], scale_hi[u] = next_scale_hi[u];
       }
-#pragma unroll
-      for (int u = 0; u < kTcUnroll; ++u) lo[u] = next_lo[u], hi[u] = next_hi[u];
     }
 
 #pragma unroll
@@ -347,13 +358,15 @@ bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, 
          is_aligned_16(x_2d.const_data_ptr());
 }
 
-// Allows `kernel` its dynamic shared memory on the current device and returns how many of its CTAs fit on
-// one SM there; done once per device and kernel.
-template <typename Kernel>
-int prepare_tc_kernel(Kernel kernel, int shared_bytes) {
+// Allows tc_gemv_kernel<T, kNTiles, kNested> its dynamic shared memory on the current device and returns
+// how many of its CTAs fit on one SM there; done once per device and kernel instance.
+template <typename T, int kNTiles, bool kNested>
+int prepare_tc_kernel() {
   static std::atomic<int> resident[64] = {};
   const int device = at::cuda::current_device();
   if (device < 64 && resident[device].load() > 0) return resident[device].load();
+  const auto kernel = tc_gemv_kernel<T, kNTiles, kNested>;
+  const int shared_bytes = tc_shared_bytes(kNTiles);
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   int ctas = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kTcWarps * 32, shared_bytes));
@@ -379,9 +392,11 @@ template <typename T>
 void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
                     cudaStream_t stream) {
-  const auto run = [&](auto kernel, int n_tiles) {
-    const int shared_bytes = tc_shared_bytes(n_tiles);
-    const int64_t resident = int64_t{prepare_tc_kernel(kernel, shared_bytes)} *
+  const auto run = [&](auto n_tiles_constant, auto nested_constant) {
+    constexpr int kNTiles = decltype(n_tiles_constant)::value;
+    constexpr bool kNested = decltype(nested_constant)::value;
+    const int shared_bytes = tc_shared_bytes(kNTiles);
+    const int64_t resident = int64_t{prepare_tc_kernel<T, kNTiles, kNested>()} *
                              at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
     const int splits = tc_splits(tiles, cols / kTcStep, resident);
@@ -389,8 +404,9 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     at::Tensor partial;
     if (splits > 1) partial = at::empty({splits, x_rows, rows}, like.options().dtype(at::kFloat));
     float* partial_data = splits > 1 ? partial.mutable_data_ptr<float>() : nullptr;
-    kernel<<<grid, kTcWarps * 32, shared_bytes, stream>>>(x, packed, scales, spec.quant_type, spec.blocksize_log2,
-                                                         rows, cols, int(x_rows), splits, bias, out, partial_data);
+    tc_gemv_kernel<T, kNTiles, kNested><<<grid, kTcWarps * 32, shared_bytes, stream>>>(
+        x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), splits, bias, out,
+        partial_data);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (splits > 1) {
       const int64_t count = x_rows * rows;
@@ -400,10 +416,12 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
   if (scales.nested()) {
-    x_rows <= 8 ? run(tc_gemv_kernel<T, 1, true>, 1) : run(tc_gemv_kernel<T, 2, true>, 2);
+    x_rows <= 8 ? run(One{}, std::true_type{}) : run(Two{}, std::true_type{});
   } else {
-    x_rows <= 8 ? run(tc_gemv_kernel<T, 1, false>, 1) : run(tc_gemv_kernel<T, 2, false>, 2);
+    x_rows <= 8 ? run(One{}, std::false_type{}) : run(Two{}, std::false_type{});
   }
 }
 
