@@ -325,9 +325,18 @@ def test_generate_static_cache_compiled_cuda_graphs_matches_eager(tmp_root):
         unpatched = run_child(f"{call}({tmp_root!r}, 'cuda', 'reduce-overhead', patched=False)")
         pytest.fail(
             f"patched: exit {patched.returncode}; the same flow unpatched (bitsandbytes alone): exit "
-            f"{unpatched.returncode}\n--- patched stderr ---\n{patched.stderr[-3000:]}\n"
-            f"--- unpatched stderr ---\n{unpatched.stderr[-1500:]}"
+            f"{unpatched.returncode}\n--- patched ---\n{crash_report(patched.stderr)}\n"
+            f"--- unpatched ---\n{crash_report(unpatched.stderr)}"
         )
+
+
+def crash_report(stderr: str) -> str:
+    """The part of a child's stderr that says where it failed: faulthandler's Python stacks (without its
+    list of loaded extension modules), else the tail."""
+    if "Fatal Python error" in stderr:
+        report = stderr[stderr.index("Fatal Python error"):]
+        return report.split("\nExtension modules:")[0][-4000:]
+    return stderr[-3000:]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
