@@ -63,11 +63,15 @@ def dequantize_table(results: dict) -> str:
 def gemv_table(results: dict) -> str:
     read = read_ceiling(results["ceilings_GBps"])
     bs = results["blocksize"]
-    row_counts = sorted({int(key.rsplit("M", 1)[1]) for key in results["rows"][0]["times_us"]
+    first = results["rows"][0]["times_us"]
+    row_counts = sorted({int(key.rsplit("M", 1)[1]) for key in first
                          if key.startswith("nf4ops_gemv_M") and key.rsplit("M", 1)[1].isdigit()})  # fmt: skip
+    with_growth = 1 in row_counts and len(row_counts) > 1  # the most rows' time over the one-row time
+    with_fp32 = "nf4ops_gemv_M1_fp32x" in first
     header = ["model", "layer", "N x K"]
     for m in row_counts:
         header += [f"M={m} µs", f"M={m} GB/s", f"M={m} % of read ceiling", f"M={m} vs bnb", f"M={m} vs cuBLAS bf16"]
+    header += [f"M={row_counts[-1]} time / M=1 time"] * with_growth + ["M=1 µs, fp32 x"] * with_fp32
     lines = [_row(header), _row(["---"] * len(header))]
     for r in results["rows"]:
         lay, t = r["layer"], r["times_us"]
@@ -77,17 +81,11 @@ def gemv_table(results: dict) -> str:
             gbps = gemv_bytes(lay["n"], lay["k"], bs, m) / ours / 1e3
             cells += [f"{ours:.1f}", f"{gbps:.0f}", f"{100 * gbps / read:.0f}",
                       f"{t[f'bnb_gemv_M{m}'] / ours:.2f}x", f"{t[f'cublas_gemv_M{m}'] / ours:.2f}x"]  # fmt: skip
-        if 1 in row_counts and len(row_counts) > 1:
+        if with_growth:
             cells.append(f"{t[f'nf4ops_gemv_M{row_counts[-1]}'] / t['nf4ops_gemv_M1']:.2f}")
-        if "nf4ops_gemv_M1_fp32x" in t:
+        if with_fp32:
             cells.append(f"{t['nf4ops_gemv_M1_fp32x']:.1f}")
         lines.append(_row(cells))
-    t0 = results["rows"][0]["times_us"]
-    if 1 in row_counts and len(row_counts) > 1:
-        header.append(f"M={row_counts[-1]} time / M=1 time")
-    if "nf4ops_gemv_M1_fp32x" in t0:
-        header.append("M=1 µs, fp32 x")
-    lines[0:2] = [_row(header), _row(["---"] * len(header))]
     return "\n".join(lines)
 
 

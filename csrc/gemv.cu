@@ -1,6 +1,10 @@
-// nf4::gemv on CUDA. Up to kFusedGemvMaxRows rows of x: one warp per row n of W decodes that row once
-// and dots it with every row of x, accumulating in fp32; the bias is added before the single rounding to
-// x's dtype. More rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
+// nf4::gemv on CUDA, three paths chosen per call by the crossover constants in ops.h:
+//  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x of up to kTensorCoreGemvMaxRows rows
+//    on sm_80+, when the shape and alignment allow;
+//  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
+//    decodes that row once and dots it with every row of x, accumulating in fp32;
+//  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
+// The fused kernels add the bias before the single rounding to x's dtype.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -129,6 +133,7 @@ constexpr int kTcLutEntryBytes = 256;       // one table entry (32 lanes x 4 byt
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcMaxSplits = 8;             // most K slices per tile
 constexpr int kTcMinStepsPerSlice = 16;     // a K slice keeps at least this many steps (2 per warp)
+constexpr int64_t kTcMinRounds = 4;         // K is sliced until the resident CTAs go round this many times
 
 constexpr int tc_shared_bytes(int n_tiles) { return kTcLutBytes + kTcWarps * n_tiles * 4 * 32 * 4; }
 
@@ -378,7 +383,6 @@ int prepare_tc_kernel() {
 // How many K slices each 16-row tile is cut into: enough work items that the resident CTAs go round at
 // least kTcMinRounds times (so the last, partly filled round costs little) while each slice keeps at least
 // kTcMinStepsPerSlice steps. Layers with many rows get 1 (no second kernel).
-constexpr int64_t kTcMinRounds = 4;
 int tc_splits(int64_t tiles, int64_t steps, int64_t resident_ctas) {
   int splits = 1;
   while (splits < kTcMaxSplits && tiles * splits < kTcMinRounds * resident_ctas &&

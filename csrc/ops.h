@@ -83,7 +83,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
 // The crossover between gemv's fused kernels and dequantize + dense matmul (cuBLAS on CUDA, at::linear
 // on the CPU): above this many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
 // because W is then reused by enough rows that a matrix-matrix product wins. This is the one place it is
-// set; benchmarks/bench_kernels.py --crossover measures it (README, "Performance").
+// set; the rows-of-x sweep of benchmarks/bench_kernels.py measures it (README, "Performance").
 //  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x, or shapes the tensor-core kernel cannot take):
 constexpr int64_t kFusedGemvMaxRows = 8;
 //  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 64 == 0, blocksize >= 64):

@@ -49,9 +49,8 @@ def main():
             bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
             out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
             # References on the CPU: cuBLAS's own split-K kernels trip racecheck, and only ours are on trial.
-            cpu = lambda t: t.cpu() if isinstance(t, torch.Tensor) else t  # noqa: E731
             x_cpu, packed_cpu, bias_cpu = x.cpu(), packed.cpu(), bias.cpu()
-            args_cpu = {key: cpu(value) for key, value in args.items()}
+            args_cpu = {key: v.cpu() if isinstance(v, torch.Tensor) else v for key, v in args.items()}
             exact = gemv_reference(x_cpu, packed_cpu, bias=bias_cpu, compute_dtype=torch.float64, **args_cpu)
             plain = gemv_reference(x_cpu, packed_cpu, bias=bias_cpu, **args_cpu)
             out = out.cpu()
