@@ -96,14 +96,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // Tensor-core path (fp16 / bf16 x, sm_80+): y^T = W x^T as mma.sync m16n8k16 tiles, W rows on the mma's M
 // side and the (at most 16) rows of x on its N side, fp32 accumulation.
 //
-// Why this shape: decode is one token per sequence, so the weight bytes are the whole cost and every
-// instruction spent per weight byte competes with keeping enough loads in flight. Per packed byte this path
-// spends one byte permute (which builds the table address), one add and one shared-memory lookup in a
+// Why this shape: decode is one token per sequence, so the weight bytes are the whole cost, and what limits
+// a kernel that streams them is the SM's load/store pipeline (L1 wavefronts) and the warps it has to hide
+// memory latency, not arithmetic (benchmarks/NOTES.md, gemv rows 5-6, has the profile). Per packed byte
+// this path spends one byte permute (which builds the table address) and one shared-memory lookup in a
 // 256-entry table that maps the byte straight to its two code values as a packed fp16/bf16 pair, plus a
 // quarter of an mma; the absmax scale is applied once per 64 elements to the mma's fp32 result instead of
-// once per element. The table is replicated once per lane, entry e of lane l at byte e * 256 + 4 * l, so
-// that 32 random bytes never share a bank and the byte permute alone forms the offset (byte in bits 8..15,
-// 4 * lane in bits 0..7).
+// once per element, and a lane loads the scales of a whole loop turn (4 steps) in one vector load. The
+// table is replicated once per lane, entry e of lane l at byte e * 256 + 4 * l, so that 32 random bytes
+// never share a bank and the byte permute alone forms the offset (byte in bits 8..15, 4 * lane in 0..7).
 //
 // Numerics: each weight is code (rounded to x's dtype) * absmax (fp32) instead of dequantize's
 // round(code * absmax); both are one rounding of a code-sized relative error, and the output is rounded
@@ -115,27 +116,28 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // (one 8-byte load per W row) and 16 consecutive x values (two 16-byte loads). mma k-tile j takes lane t's
 // elements 16t + 4j .. 16t + 4j + 3, i.e. packed bytes 2j and 2j + 1 of its 8.
 //
-// Work split. A work item is one 16-row tile and one slice of K; the 8 warps of a CTA split the slice
-// again and add their sums in warp order. CTAs loop over work items (as many CTAs as fit at once). When K
-// is sliced (`splits` > 1, for layers with few rows), each slice writes fp32 partial sums and a second
-// kernel adds them in slice order. Every order is fixed, so the result is the same on every run.
-constexpr int kTcWarps = 8;                 // warps per CTA
-constexpr int kTcTileRows = 16;             // W rows per tile (the mma's M)
-constexpr int kTcStep = 64;                 // K elements per step: 4 mma k-tiles, one absmax scale per row
-#ifndef NF4_TC_UNROLL  // build-time knobs for tuning runs (benchmarks/NOTES.md); the defaults are the measured best
-#define NF4_TC_UNROLL 4
+// Work split (stream-K). A tile is 16 W rows over all of K, cut into turns of 4 steps (K % 256 == 0, so a
+// turn never straddles a row, nor an absmax block it does not start). The tiles' turns, laid end to end,
+// are shared out evenly over every warp of a grid of resident CTAs, so each warp takes one contiguous run
+// of turns, whatever the layer's shape: no warp waits for another, and small-N layers fill the GPU too.
+// Each warp requests its next turn's weight bytes and scales (the next tile's first turn included) before
+// it decodes the current one, so its loads stay in flight from its first turn to its last. A tile that
+// one warp takes whole goes straight to the output; the parts of a tile that several warps share go to
+// fp32 slots, which a second kernel adds in warp order. Every order is fixed, so the result is the same
+// on every run.
+constexpr int kTcWarps = 8;                       // warps per CTA
+constexpr int kTcTileRows = 16;                   // W rows per tile (the mma's M)
+constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
+constexpr int kTcTurnSteps = 4;                   // steps per loop turn
+constexpr int kTcTurn = kTcStep * kTcTurnSteps;   // K elements per turn; the path needs K % kTcTurn == 0
+#ifndef NF4_TC_MIN_CTAS_PER_SM  // build-time knob for tuning runs (benchmarks/NOTES.md); default: the measured best
+#define NF4_TC_MIN_CTAS_PER_SM 2
 #endif
-#ifndef NF4_TC_MIN_CTAS_PER_SM
-#define NF4_TC_MIN_CTAS_PER_SM 1
-#endif
-constexpr int kTcUnroll = NF4_TC_UNROLL;    // steps per loop turn; the next turn's weight loads are in flight
-constexpr int kTcLutEntryBytes = 256;       // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
+constexpr int kTcLutEntryBytes = 256;             // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
-constexpr int kTcMaxSplits = 8;             // most K slices per tile
-constexpr int kTcMinStepsPerSlice = 16;     // a K slice keeps at least this many steps (2 per warp)
-constexpr int64_t kTcMinRounds = 4;         // K is sliced until the resident CTAs go round this many times
+constexpr int kTcCode2Bytes = 256 * 4;            // the nested absmax map (state2.code), fp32
 
-constexpr int tc_shared_bytes(int n_tiles) { return kTcLutBytes + kTcWarps * n_tiles * 4 * 32 * 4; }
+constexpr int tc_shared_bytes() { return kTcLutBytes + kTcCode2Bytes; }
 
 template <typename T>
 __device__ __forceinline__ uint16_t bits_of(T v);
@@ -174,25 +176,133 @@ __device__ __forceinline__ uint2 load_weight_bytes(const uint8_t* p) {
   return v;
 }
 
-// The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table.
+// The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
+// shared-memory address (a shared-window address, so that the load can add it as a uniform register).
 template <int kByte>
-__device__ __forceinline__ uint32_t code_pair(const uint8_t* lut, uint32_t word, uint32_t lane4) {
+__device__ __forceinline__ uint32_t code_pair(uint32_t lut, uint32_t word, uint32_t lane4) {
   // result byte 0 <- lane4's byte 0 (selector 4), byte 1 <- word's byte kByte, bytes 2, 3 <- zero (lane4's 1)
   const uint32_t offset = __byte_perm(word, lane4, 0x5504 | (kByte << 4));
-  return *reinterpret_cast<const uint32_t*>(lut + offset);
+  uint32_t pair;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(pair) : "r"(lut + offset));
+  return pair;
+}
+
+// How the absmax blocks fall on a turn's 4 steps: `steps_per_block_log2` is log2(blocksize / 64) capped at
+// 2, so 0: one block per step (blocksize 64), 1: one per two steps (128), 2: one for the whole turn.
+struct TurnBlocks {
+  int steps_per_block_log2;
+  uint32_t spread;  // __byte_perm selector that puts block byte (u >> steps_per_block_log2) in byte u
+};
+
+__host__ __device__ inline TurnBlocks turn_blocks(int blocksize_log2) {
+  const int log2 = blocksize_log2 - 6 < 2 ? blocksize_log2 - 6 : 2;
+  return TurnBlocks{log2, log2 == 0 ? 0x3210u : (log2 == 1 ? 0x1100u : 0x0000u)};
+}
+
+// The scales of one lane's two W rows for the 4 steps of a turn, as loaded (one load per row per turn).
+template <bool kNested>
+struct TurnScales;
+template <>
+struct TurnScales<false> {
+  float lo[kTcTurnSteps], hi[kTcTurnSteps];  // absmax of each step
+};
+template <>
+struct TurnScales<true> {
+  uint32_t codes_lo, codes_hi;  // the uint8 absmax codes of the turn's blocks, first block in byte 0
+  float absmax2_lo, absmax2_hi;  // the nested absmax of the turn's blocks (one nested block holds them all)
+};
+
+// The fp32 absmax of the turn's blocks starting at block `first` (aligned to the number of blocks).
+__device__ __forceinline__ void load_turn_scales(const BlockScales& scales, int64_t first, TurnBlocks blocks,
+                                                 float (&out)[kTcTurnSteps]) {
+  if (blocks.steps_per_block_log2 == 0) {
+    const float4 q = __ldg(reinterpret_cast<const float4*>(scales.absmax + first));
+    out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
+  } else if (blocks.steps_per_block_log2 == 1) {
+    const float2 q = __ldg(reinterpret_cast<const float2*>(scales.absmax + first));
+    out[0] = q.x, out[1] = q.x, out[2] = q.y, out[3] = q.y;
+  } else {
+    const float v = __ldg(scales.absmax + first);
+    out[0] = v, out[1] = v, out[2] = v, out[3] = v;
+  }
+}
+
+// The uint8 codes of the turn's blocks starting at block `first`, first block in byte 0.
+__device__ __forceinline__ uint32_t load_turn_codes(const BlockScales& scales, int64_t first, TurnBlocks blocks) {
+  if (blocks.steps_per_block_log2 == 0) return __ldg(reinterpret_cast<const unsigned int*>(scales.codes + first));
+  if (blocks.steps_per_block_log2 == 1) return __ldg(reinterpret_cast<const unsigned short*>(scales.codes + first));
+  return __ldg(scales.codes + first);
+}
+
+// One turn's loads for one lane: the packed bytes of its two W rows for 4 steps, and their scales.
+template <bool kNested>
+struct Turn {
+  uint2 lo[kTcTurnSteps], hi[kTcTurnSteps];
+  TurnScales<kNested> scales;
+};
+
+// The W rows a lane feeds for tile `tile` (rows past the end are clamped to the last row, valid memory,
+// and their outputs dropped), as flat element indices of their first elements.
+struct LaneRows {
+  int64_t start_lo, start_hi;
+};
+
+__device__ __forceinline__ LaneRows lane_rows(int64_t tile, int g, int64_t rows, int64_t cols) {
+  const int64_t row_lo = tile * kTcTileRows + g < rows ? tile * kTcTileRows + g : rows - 1;
+  const int64_t row_hi = tile * kTcTileRows + g + 8 < rows ? tile * kTcTileRows + g + 8 : rows - 1;
+  return LaneRows{row_lo * cols, row_hi * cols};
+}
+
+// Loads turn s (steps s .. s + 3) of the lane's rows: weight bytes from its 8-byte column, and scales.
+template <bool kNested>
+__device__ __forceinline__ void fetch_turn(const uint8_t* packed, LaneRows lane_rows, int t, int s,
+                                           const BlockScales& scales, int blocksize_log2, TurnBlocks blocks,
+                                           Turn<kNested>& turn) {
+  const int64_t k0 = int64_t{s} * kTcStep;
+  const uint8_t* w_lo = packed + (lane_rows.start_lo + k0) / 2 + 8 * t;
+  const uint8_t* w_hi = packed + (lane_rows.start_hi + k0) / 2 + 8 * t;
+#pragma unroll
+  for (int u = 0; u < kTcTurnSteps; ++u) {
+    turn.lo[u] = load_weight_bytes(w_lo + u * (kTcStep / 2));
+    turn.hi[u] = load_weight_bytes(w_hi + u * (kTcStep / 2));
+  }
+  const int64_t first_lo = (lane_rows.start_lo + k0) >> blocksize_log2;
+  const int64_t first_hi = (lane_rows.start_hi + k0) >> blocksize_log2;
+  if constexpr (!kNested) {
+    load_turn_scales(scales, first_lo, blocks, turn.scales.lo);
+    load_turn_scales(scales, first_hi, blocks, turn.scales.hi);
+  } else {
+    turn.scales.codes_lo = load_turn_codes(scales, first_lo, blocks);
+    turn.scales.codes_hi = load_turn_codes(scales, first_hi, blocks);
+    turn.scales.absmax2_lo = __ldg(scales.absmax2 + (first_lo >> scales.nested_blocksize_log2));
+    turn.scales.absmax2_hi = __ldg(scales.absmax2 + (first_hi >> scales.nested_blocksize_log2));
+  }
+}
+
+// What the nested scales are decoded with: state2.code in shared memory and the offset.
+struct NestedDecode {
+  const float* code2;
+  float offset;
+};
+
+// The absmax of step u from one row's turn scales (nested: bitsandbytes' two roundings, as at_known).
+__device__ __forceinline__ float step_scale(const float (&plain)[kTcTurnSteps], int u) { return plain[u]; }
+__device__ __forceinline__ float nested_scale(uint32_t spread_codes, float absmax2, int u,
+                                              const NestedDecode& nested) {
+  return add_rn(mul_rn(nested.code2[(spread_codes >> (8 * u)) & 0xFF], absmax2), nested.offset);
 }
 
 // One 64-element step of one tile: 4 k-tiles into fresh fp32 sums, then acc += absmax * sums per W row.
 template <typename T, int kNTiles>
 __device__ __forceinline__ void tc_gemv_step(uint2 w_lo, uint2 w_hi, float scale_lo, float scale_hi,
-                                             const T* const (&x_lane)[kNTiles], int64_t k0, bool live,
-                                             const uint8_t* lut, uint32_t lane4, float (&acc)[kNTiles][4]) {
+                                             const T* const (&x_lane)[kNTiles], int64_t k0, uint32_t lut,
+                                             uint32_t lane4, float (&acc)[kNTiles][4]) {
   uint4 xv[kNTiles][2];
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {  // a step past the end reads no x (it may lie past x's end)
+  for (int nt = 0; nt < kNTiles; ++nt) {
     const uint4* x16 = reinterpret_cast<const uint4*>(x_lane[nt] + k0);
-    xv[nt][0] = live ? __ldg(x16) : make_uint4(0, 0, 0, 0);
-    xv[nt][1] = live ? __ldg(x16 + 1) : make_uint4(0, 0, 0, 0);
+    xv[nt][0] = __ldg(x16);
+    xv[nt][1] = __ldg(x16 + 1);
   }
   float sums[kNTiles][4] = {};
 #pragma unroll
@@ -222,43 +332,84 @@ __device__ __forceinline__ void tc_gemv_step(uint2 w_lo, uint2 w_hi, float scale
   }
 }
 
-// The absmax of the block holding element k0 of a row whose first element is flat element `row_start`.
-template <bool kNested>
-__device__ __forceinline__ float row_scale(const BlockScales& scales, int64_t row_start, int64_t k0,
-                                           int blocksize_log2) {
-  return scales.at_known<kNested>((row_start + k0) >> blocksize_log2);
+// The 4 steps of one turn starting at step s.
+template <typename T, int kNTiles, bool kNested>
+__device__ __forceinline__ void tc_gemv_turn(const Turn<kNested>& turn, int s, const T* const (&x_lane)[kNTiles],
+                                             uint32_t lut, uint32_t lane4, TurnBlocks blocks,
+                                             const NestedDecode& nested, float (&acc)[kNTiles][4]) {
+  [[maybe_unused]] uint32_t codes_lo = 0, codes_hi = 0;
+  if constexpr (kNested) {
+    codes_lo = __byte_perm(turn.scales.codes_lo, 0, blocks.spread);
+    codes_hi = __byte_perm(turn.scales.codes_hi, 0, blocks.spread);
+  }
+#pragma unroll
+  for (int u = 0; u < kTcTurnSteps; ++u) {
+    float scale_lo, scale_hi;
+    if constexpr (kNested) {
+      scale_lo = nested_scale(codes_lo, turn.scales.absmax2_lo, u, nested);
+      scale_hi = nested_scale(codes_hi, turn.scales.absmax2_hi, u, nested);
+    } else {
+      scale_lo = step_scale(turn.scales.lo, u);
+      scale_hi = step_scale(turn.scales.hi, u);
+    }
+    tc_gemv_step<T, kNTiles>(turn.lo[u], turn.hi[u], scale_lo, scale_hi, x_lane, (int64_t{s} + u) * kTcStep, lut,
+                             lane4, acc);
+  }
 }
 
-// Requirements (checked by tensor_core_gemv_applies): K % 64 == 0, blocksize >= 64, packed 8-byte and x
-// 16-byte aligned, 1 <= x_rows <= 8 * kNTiles. `partial` is [splits, x_rows, rows] fp32 when splits > 1.
+// Which turns of the flattened (tile, turn) sequence warp `w` of `warps` takes: [first, end), shared out
+// evenly (sizes differ by at most one).
+struct WarpTurns {
+  int64_t first, end;
+};
+
+__host__ __device__ inline WarpTurns warp_turns(int64_t w, int64_t warps, int64_t total) {
+  return WarpTurns{w * total / warps, (w + 1) * total / warps};
+}
+
+// The warp whose turns include turn p (the inverse of warp_turns).
+__host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_t total) {
+  return ((p + 1) * warps - 1) / total;
+}
+
+// Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed 8-byte and x
+// 16-byte aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
+// 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][16] fp32 slots per warp (tc_partial_floats).
 template <typename T, int kNTiles, bool kNested>
 __global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
-                   QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows, int splits,
+                   QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
   extern __shared__ __align__(16) uint8_t tc_shared[];
   uint8_t* lut = tc_shared;
-  float(*warp_sums)[kNTiles * 4][32] = reinterpret_cast<float(*)[kNTiles * 4][32]>(tc_shared + kTcLutBytes);
-  for (int byte = threadIdx.x; byte < 256; byte += blockDim.x) {
+  float* code2 = reinterpret_cast<float*>(tc_shared + kTcLutBytes);
+  // Table fill: thread i writes 16-byte chunk i % 8 of entry i / 8, so a warp's stores cover 4 entries'
+  // 128 bytes each, 4 wavefronts and no more.
+  for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {
+    const int byte = chunk / 8;
     const CodeTable table = code_table(quant_type);
     const uint32_t pair = uint32_t(bits_of(from_float<T>(table.value[byte >> 4]))) |
                           uint32_t(bits_of(from_float<T>(table.value[byte & 0x0F]))) << 16;
-    uint4* entry = reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) entry[i] = make_uint4(pair, pair, pair, pair);  // lanes 4i .. 4i + 3
+    reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes)[chunk % 8] = make_uint4(pair, pair, pair, pair);
   }
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) code2[i] = scales.code2[i];
+  }
+  NestedDecode nested{code2, 0.0f};
+  if constexpr (kNested) nested.offset = *scales.offset;
   __syncthreads();
 
+  const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
   const int g = lane / 4;
   const int t = lane % 4;
   const uint32_t lane4 = 4 * lane;
-  const int64_t steps = cols / kTcStep;
-  const int64_t steps_per_slice = (steps + splits - 1) / splits;
-  const int64_t steps_per_warp = (steps_per_slice + kTcWarps - 1) / kTcWarps;
-  const int64_t row_bytes = cols / 2;
-  const int64_t items = (rows + kTcTileRows - 1) / kTcTileRows * splits;
+  const TurnBlocks blocks = turn_blocks(blocksize_log2);
+  const int turns = static_cast<int>(cols / kTcTurn);  // per tile
+  const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
+  const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
+  const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kTcWarps, tiles * turns);
+  if (mine.first >= mine.end) return;
   // This lane's x rows (one per n-tile); rows past x_rows read the last row and their outputs are dropped.
   const T* x_lane[kNTiles];
 #pragma unroll
@@ -267,100 +418,107 @@ __global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
     x_lane[nt] = x + m * cols + 16 * t;
   }
 
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t tile = item / splits;
-    const int split = static_cast<int>(item % splits);
-    const int64_t slice_end = (split + 1) * steps_per_slice < steps ? (split + 1) * steps_per_slice : steps;
-    const int64_t begin = split * steps_per_slice + warp * steps_per_warp;
-    const int64_t end = begin + steps_per_warp < slice_end ? begin + steps_per_warp : slice_end;
-    // W rows past the end are clamped to the last row (valid memory) and their outputs dropped.
-    const int64_t row_lo = tile * kTcTileRows + g < rows ? tile * kTcTileRows + g : rows - 1;
-    const int64_t row_hi = tile * kTcTileRows + g + 8 < rows ? tile * kTcTileRows + g + 8 : rows - 1;
-    const uint8_t* w_lo = packed + row_lo * row_bytes + 8 * t;
-    const uint8_t* w_hi = packed + row_hi * row_bytes + 8 * t;
-    const int64_t start_lo = row_lo * cols;
-    const int64_t start_hi = row_hi * cols;
+  // Where the warp is: turn `s` of tile `tile`; the warp's part of the tile began at turn `part_begin`.
+  const int64_t first_tile = mine.first / turns;
+  int64_t tile = first_tile;
+  int s = static_cast<int>(mine.first - tile * turns);
+  int part_begin = s;
+  LaneRows tile_rows = lane_rows(tile, g, rows, cols);
+  float acc[kNTiles][4] = {};
 
-    // A turn is kTcUnroll steps, with no branches inside so that the compiler can issue every load early;
-    // steps past `end` get zero weight bytes, zero scales and zero x, and add nothing. The weight bytes and
-    // scales of the next turn are requested before this turn's are used.
-    const auto fetch = [&](int64_t first, uint2 (&lo)[kTcUnroll], uint2 (&hi)[kTcUnroll],
-                           float (&scale_lo)[kTcUnroll], float (&scale_hi)[kTcUnroll]) {
-#pragma unroll
-      for (int u = 0; u < kTcUnroll; ++u) {
-        const bool live = first + u < end;
-        const int64_t k0 = (first + u) * kTcStep;
-        lo[u] = live ? load_weight_bytes(w_lo + k0 / 2) : make_uint2(0, 0);
-        hi[u] = live ? load_weight_bytes(w_hi + k0 / 2) : make_uint2(0, 0);
-        scale_lo[u] = live ? row_scale<kNested>(scales, start_lo, k0, blocksize_log2) : 0.0f;
-        scale_hi[u] = live ? row_scale<kNested>(scales, start_hi, k0, blocksize_log2) : 0.0f;
-      }
-    };
-    float acc[kNTiles][4] = {};
-    uint2 lo[kTcUnroll], hi[kTcUnroll];
-    float scale_lo[kTcUnroll], scale_hi[kTcUnroll];
-    fetch(begin, lo, hi, scale_lo, scale_hi);
-    for (int64_t s = begin; s < end; s += kTcUnroll) {
-      uint2 next_lo[kTcUnroll], next_hi[kTcUnroll];
-      float next_scale_lo[kTcUnroll], next_scale_hi[kTcUnroll];
-      fetch(s + kTcUnroll, next_lo, next_hi, next_scale_lo, next_scale_hi);
-#pragma unroll
-      for (int u = 0; u < kTcUnroll; ++u) {
-        tc_gemv_step<T, kNTiles>(lo[u], hi[u], scale_lo[u], scale_hi[u], x_lane, (s + u) * kTcStep,
-                                 s + u < end, lut, lane4, acc);
-      }
-#pragma unroll
-      for (int u = 0; u < kTcUnroll; ++u) {
-        lo[u] = next_lo[u], hi[u] = next_hi[u], scale_lo[u] = next_scale_lo[u], scale_hi[u] = next_scale_hi[u];
-      }
-    }
-
+  // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile,
+  // else into the warp's slot for the tile (0: its first tile, 1: its last), which add_tile_parts_kernel adds.
+  const auto flush = [&](bool whole) {
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) warp_sums[warp][nt * 4 + i][lane] = acc[nt][i];
-    }
-    __syncthreads();
-    // Warp w adds up accumulator slot w (of 4 * kNTiles) over the 8 warps, in warp order.
-    for (int slot = warp; slot < kNTiles * 4; slot += kTcWarps) {
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kTcWarps; ++w) sum += warp_sums[w][slot][lane];
-      const int m = slot / 4 * 8 + 2 * t + slot % 2;                      // the mma's column: a row of x
-      const int64_t n = tile * kTcTileRows + g + (slot % 4 >= 2 ? 8 : 0);  // the mma's row: a row of W
-      if (m < x_rows && n < rows) {
-        if (splits > 1) {
-          partial[(split * int64_t{x_rows} + m) * rows + n] = sum;
+      for (int i = 0; i < 4; ++i) {
+        const int m = nt * 8 + 2 * t + i % 2;  // the mma's column: a row of x
+        const int r = g + (i >= 2 ? 8 : 0);     // the mma's row: a row of the tile
+        const int64_t n = tile * kTcTileRows + r;
+        if (m >= x_rows || n >= rows) continue;
+        if (whole) {
+          out[m * rows + n] = from_float<T>(bias != nullptr ? acc[nt][i] + to_float(bias[n]) : acc[nt][i]);
         } else {
-          out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+          const int64_t slot = warp_id * 2 + (tile == first_tile ? 0 : 1);
+          partial[(slot * x_rows + m) * kTcTileRows + r] = acc[nt][i];
         }
+        acc[nt][i] = 0.0f;
       }
     }
-    __syncthreads();  // warp_sums is rewritten by the next item
+  };
+
+  // One turn: requests the warp's next turn into `next` (this tile's next turn or the next tile's first),
+  // decodes `now`, and flushes when the tile or the warp's turns end. Two buffers take turns.
+  const auto run_turn = [&](const Turn<kNested>& now, Turn<kNested>& next, int64_t p) {
+    if (p + 1 < mine.end) {
+      if (s + 1 < turns) {
+        fetch_turn(packed, tile_rows, t, (s + 1) * kTcTurnSteps, scales, blocksize_log2, blocks, next);
+      } else {
+        fetch_turn(packed, lane_rows(tile + 1, g, rows, cols), t, 0, scales, blocksize_log2, blocks, next);
+      }
+    }
+    tc_gemv_turn<T, kNTiles, kNested>(now, s * kTcTurnSteps, x_lane, lut_shared, lane4, blocks, nested, acc);
+    if (s + 1 == turns || p + 1 == mine.end) flush(part_begin == 0 && s + 1 == turns);
+    if (++s == turns) {
+      ++tile, s = 0, part_begin = 0;
+      tile_rows = lane_rows(tile, g, rows, cols);
+    }
+  };
+
+  Turn<kNested> a, b;
+  fetch_turn(packed, tile_rows, t, s * kTcTurnSteps, scales, blocksize_log2, blocks, a);
+  for (int64_t p = mine.first; p < mine.end; p += 2) {
+    run_turn(a, b, p);
+    if (p + 1 == mine.end) break;
+    run_turn(b, a, p + 1);
   }
 }
 
-// out[i] = partial[0][i] + partial[1][i] + ... (+ bias), in slice order; i runs over x_rows * rows.
+// The floats tc_gemv_kernel's `partial` holds: two slots of [x_rows][16] per warp.
+int64_t tc_partial_floats(int64_t warps, int64_t x_rows) { return warps * 2 * x_rows * kTcTileRows; }
+
+// For every tile that more than one warp shared: out = the warps' slots added in warp order (+ bias).
+// Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs.
 template <typename T>
-__global__ void add_slices_kernel(const float* __restrict__ partial, int splits, int64_t count, int64_t rows,
-                                  const T* __restrict__ bias, T* __restrict__ out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count; i += int64_t{gridDim.x} * blockDim.x) {
+__global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int64_t rows,
+                                      int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
+  const int64_t total = tiles * turns;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t m = i / rows, n = i % rows;
+    const int64_t tile = n / kTcTileRows;
+    const int64_t w_begin = warp_of_turn(tile * turns, warps, total);
+    const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
+    if (w_begin == w_last) continue;
     float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
-    out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[i % rows]) : sum);
+    for (int64_t w = w_begin; w <= w_last; ++w) {
+      const WarpTurns part = warp_turns(w, warps, total);
+      if (part.first >= part.end) continue;  // a warp with no turns (fewer turns than warps)
+      const int64_t slot = w * 2 + (part.first / turns == tile ? 0 : 1);
+      sum += partial[(slot * x_rows + m) * kTcTileRows + n % kTcTileRows];
+    }
+    out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
 }
 
-// Whether the tensor-core kernel can take this call (its layout needs whole 64-element steps inside one
-// absmax block, 8-byte weight loads, 16-byte x loads and its 72 KiB of shared memory).
-bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, const WeightSpec& spec,
-                              int64_t cols) {
+// Whether the tensor-core kernel can take this call: its layout needs whole 256-element turns (so a turn
+// never straddles a row, and its absmax blocks are one vector load), 8-byte weight loads, 16-byte x and
+// absmax loads (4-byte loads of nested codes, a nested block of at least one turn's 4 blocks), and its
+// ~73 KiB of shared memory.
+bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, const BlockScales& scales,
+                              const WeightSpec& spec, int64_t cols) {
   const auto dtype = x_2d.scalar_type();
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  const bool scales_aligned = scales.nested()
+                                  ? reinterpret_cast<uintptr_t>(scales.codes) % 4 == 0 &&
+                                        scales.nested_blocksize_log2 >= 2
+                                  : is_aligned_16(scales.absmax);
   return (dtype == at::kHalf || dtype == at::kBFloat16) && props->major >= 8 &&
-         props->sharedMemPerBlockOptin >= size_t{tc_shared_bytes(2)} && cols % kTcStep == 0 &&
+         props->sharedMemPerBlockOptin >= size_t{tc_shared_bytes()} && cols % kTcTurn == 0 &&
          (int64_t{1} << spec.blocksize_log2) >= kTcStep && reinterpret_cast<uintptr_t>(packed_bytes) % 8 == 0 &&
-         is_aligned_16(x_2d.const_data_ptr());
+         is_aligned_16(x_2d.const_data_ptr()) && scales_aligned;
 }
 
 // Allows tc_gemv_kernel<T, kNTiles, kNested> its dynamic shared memory on the current device and returns
@@ -371,25 +529,13 @@ int prepare_tc_kernel() {
   const int device = at::cuda::current_device();
   if (device < 64 && resident[device].load() > 0) return resident[device].load();
   const auto kernel = tc_gemv_kernel<T, kNTiles, kNested>;
-  const int shared_bytes = tc_shared_bytes(kNTiles);
+  const int shared_bytes = tc_shared_bytes();
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   int ctas = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kTcWarps * 32, shared_bytes));
   TORCH_CHECK(ctas > 0, "nf4::gemv: the tensor-core kernel does not fit on this GPU's SMs");
   if (device < 64) resident[device].store(ctas);
   return ctas;
-}
-
-// How many K slices each 16-row tile is cut into: enough work items that the resident CTAs go round at
-// least kTcMinRounds times (so the last, partly filled round costs little) while each slice keeps at least
-// kTcMinStepsPerSlice steps. Layers with many rows get 1 (no second kernel).
-int tc_splits(int64_t tiles, int64_t steps, int64_t resident_ctas) {
-  int splits = 1;
-  while (splits < kTcMaxSplits && tiles * splits < kTcMinRounds * resident_ctas &&
-         steps / (2 * splits) >= kTcMinStepsPerSlice) {
-    splits *= 2;
-  }
-  return splits;
 }
 
 template <typename T>
@@ -399,24 +545,24 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
   const auto run = [&](auto n_tiles_constant, auto nested_constant) {
     constexpr int kNTiles = decltype(n_tiles_constant)::value;
     constexpr bool kNested = decltype(nested_constant)::value;
-    const int shared_bytes = tc_shared_bytes(kNTiles);
+    const int shared_bytes = tc_shared_bytes();
     const int64_t resident = int64_t{prepare_tc_kernel<T, kNTiles, kNested>()} *
                              at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
-    const int splits = tc_splits(tiles, cols / kTcStep, resident);
-    const int grid = static_cast<int>(std::min(tiles * splits, resident));
-    at::Tensor partial;
-    if (splits > 1) partial = at::empty({splits, x_rows, rows}, like.options().dtype(at::kFloat));
-    float* partial_data = splits > 1 ? partial.mutable_data_ptr<float>() : nullptr;
-    tc_gemv_kernel<T, kNTiles, kNested><<<grid, kTcWarps * 32, shared_bytes, stream>>>(
-        x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), splits, bias, out,
-        partial_data);
+    const int turns = static_cast<int>(cols / kTcTurn);
+    const int64_t total = (rows + kTcTileRows - 1) / kTcTileRows * turns;
+    const int64_t grid = std::min(resident, (total + kTcWarps - 1) / kTcWarps);
+    const int64_t warps = grid * kTcWarps;
+    const at::Tensor partial = at::empty({tc_partial_floats(warps, x_rows)}, like.options().dtype(at::kFloat));
+    float* partial_data = partial.mutable_data_ptr<float>();
+    tc_gemv_kernel<T, kNTiles, kNested><<<static_cast<int>(grid), kTcWarps * 32, shared_bytes, stream>>>(
+        x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out, partial_data);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (splits > 1) {
+    if (turns > 1) {  // with one turn per tile no tile is shared
       const int64_t count = x_rows * rows;
       const int threads = 256;
       const int blocks = static_cast<int>(std::min<int64_t>((count + threads - 1) / threads, resident * 8));
-      add_slices_kernel<T><<<blocks, threads, 0, stream>>>(partial_data, splits, count, rows, bias, out);
+      add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial_data, warps, turns, rows, int(x_rows), bias,
+                                                               out);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   };
@@ -441,7 +587,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const int64_t x_rows = x_2d.size(0);
   const c10::SymDimVector out_shape = gemv_output_shape(x, spec.rows);
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
-  const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, spec, cols);
+  const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
+  const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
 
   if (x_rows > (tensor_cores ? kTensorCoreGemvMaxRows : kFusedGemvMaxRows)) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
@@ -452,7 +599,6 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   at::Tensor out = at::empty({x_rows, rows}, x.options());
   if (x_rows == 0 || rows == 0) return out.reshape_symint(out_shape);
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
-  const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   NF4_DISPATCH_FLOAT_TYPES(x.scalar_type(), "nf4::gemv", [&] {

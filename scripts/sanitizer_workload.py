@@ -32,10 +32,12 @@ def random_weight(n, k, blocksize, nested, device="cuda", misalign=False):
 
 def main():
     failures = 0
-    # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 64 == 0, aligned) with
-    # one K slice (64 x 320) and with K cut into slices plus the slice-adding kernel (40 x 4288); the
-    # CUDA-core and scalar paths (odd K, bs 32, misaligned).
-    cases = [(64, 320, 64, False, False), (40, 4288, 64, True, False), (40, 4288, 256, False, False),
+    # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
+    # one K slice (64 x 512), with K cut into slices plus the slice-adding kernel (40 x 4352), with warps
+    # that get no turn (40 x 1024) and with absmax blocks that span rows (bs 512 over K = 1280); the
+    # CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32, misaligned).
+    cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 4352, 256, False, False),
+             (40, 1024, 128, True, False), (24, 1280, 512, False, False), (64, 320, 64, False, False),
              (33, 77, 32, True, False), (48, 1088, 4096, True, True), (7, 40, 128, False, True)]  # fmt: skip
     for n, k, blocksize, nested, misalign in cases:
         packed, args = random_weight(n, k, blocksize, nested, misalign=misalign)

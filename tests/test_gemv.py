@@ -14,7 +14,8 @@ from conftest import (
 # CUDA-core kernels, kTensorCoreGemvMaxRows = 16 for the tensor-core kernel, whose n-tiles hold 8 rows).
 ROW_COUNTS = [0, 1, 3, 8, 9, 16, 17, 33]
 SHAPES = {
-    "k_multiple_of_64": (48, 320),  # the tensor-core kernel for fp16 / bf16 x on CUDA; vectorised otherwise
+    "k_multiple_of_256": (48, 512),  # the tensor-core kernel for fp16 / bf16 x on CUDA; vectorised otherwise
+    "k_multiple_of_64": (48, 320),  # the vectorised CUDA-core kernel
     "odd_k": (33, 77),  # the element-wise path; N*K odd
 }
 
@@ -50,17 +51,18 @@ def test_gemv_matrix(shape_name, quant_type, nested, dtype, rows, with_bias, dev
 @pytest.mark.parametrize("storage", STORAGES, ids=lambda s: "storage_" + dtype_id(s))
 @pytest.mark.parametrize("blocksize", BLOCKSIZES, ids=lambda b: f"bs{b}")
 def test_gemv_blocksizes_and_storages(blocksize, storage, device):
-    packed, args = weight_on(device, (40, 1088), "nf4", blocksize, True, storage)
+    # K = 1280: whole tensor-core turns on CUDA, and blocks of 512 or more span rows
+    packed, args = weight_on(device, (40, 1280), "nf4", blocksize, True, storage)
     for rows in (1, 5, 12):
-        x = random_x((rows, 1088), torch.bfloat16, device)
+        x = random_x((rows, 1280), torch.bfloat16, device)
         assert_gemv_close(torch.ops.nf4.gemv(x, packed, **args), x, packed, args)
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
 @pytest.mark.parametrize("leading", [(), (2, 3), (2, 7), (4, 0), (1, 1, 5)], ids=str)
 def test_gemv_leading_dims(leading, device):
-    packed, args = weight_on(device, (48, 320), "fp4", 128, True)
-    x = random_x((*leading, 320), torch.float16, device)
+    packed, args = weight_on(device, (48, 512), "fp4", 128, True)
+    x = random_x((*leading, 512), torch.float16, device)
     bias = random_x((48,), torch.float16, device, seed=3)
     out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
     assert out.shape == (*leading, 48)
@@ -70,19 +72,24 @@ def test_gemv_leading_dims(leading, device):
 @pytest.mark.parametrize("device", ALL_DEVICES)
 @pytest.mark.parametrize("rows", [3, 20], ids=lambda m: f"M{m}")
 def test_gemv_non_contiguous_x(rows, device):
-    packed, args = weight_on(device, (48, 320), "nf4", 64, False)
-    x = random_x((320, rows), torch.bfloat16, device).t()  # a transposed view
+    packed, args = weight_on(device, (48, 512), "nf4", 64, False)
+    x = random_x((512, rows), torch.bfloat16, device).t()  # a transposed view
     assert not x.is_contiguous()
     assert_gemv_close(torch.ops.nf4.gemv(x, packed, **args), x, packed, args)
-    x_sliced = random_x((rows, 640), torch.bfloat16, device)[:, ::2]  # every other column
+    x_sliced = random_x((rows, 1024), torch.bfloat16, device)[:, ::2]  # every other column
     assert_gemv_close(torch.ops.nf4.gemv(x_sliced, packed, **args), x_sliced, packed, args)
 
 
 # Shapes that reach every loop of the tensor-core kernel (csrc/gemv.cu): more 16-row tiles than the CTAs
-# the GPU holds at once, with a last tile of 8 rows, and 67 64-element steps of K (split over 8 warps: 9
-# each, so the 4-step turns and a partial one; the last warp gets 4); and few rows with a long K, which is
-# cut into slices whose fp32 sums a second kernel adds.
-TENSOR_CORE_SHAPES = {"many_tiles": (16 * 900 + 8, 64 * 67), "k_slices": (40, 64 * 67)}
+# the GPU holds at once, with a last tile of 8 rows, and 17 256-element turns of K (over 8 warps: 2 each
+# and 3 for the last, so both turn buffers end an item); few rows with a long K, which is cut into slices
+# whose fp32 sums a second kernel adds; and 4 turns, so that half the warps get none. Each with its own
+# blocksize: one, two and four absmax blocks per turn are three ways of loading the scales.
+TENSOR_CORE_SHAPES = {
+    "many_tiles": ((16 * 900 + 8, 256 * 17), 256),
+    "k_slices": ((40, 256 * 17), 64),
+    "few_turns": ((40, 1024), 128),
+}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -90,8 +97,8 @@ TENSOR_CORE_SHAPES = {"many_tiles": (16 * 900 + 8, 64 * 67), "k_slices": (40, 64
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize("shape_name", list(TENSOR_CORE_SHAPES))
 def test_gemv_tensor_core_tiling(shape_name, nested, rows):
-    shape = TENSOR_CORE_SHAPES[shape_name]
-    packed, args = weight_on("cuda", shape, "nf4", 256, nested)
+    shape, blocksize = TENSOR_CORE_SHAPES[shape_name]
+    packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
     assert_gemv_close(torch.ops.nf4.gemv(x, packed, bias=bias, **args), x, packed, args, bias)
@@ -99,7 +106,7 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows):
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_gemv_is_deterministic(device):
-    for shape in [(256, 1024), (40, 4288)]:  # the second cuts K into slices on CUDA
+    for shape in [(256, 1024), (40, 4352)]:  # the second cuts K into slices on CUDA
         packed, args = weight_on(device, shape, "nf4", 64, True)
         x = random_x((4, shape[1]), torch.bfloat16, device)
         first = torch.ops.nf4.gemv(x, packed, **args)

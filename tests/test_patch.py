@@ -19,7 +19,7 @@ from conftest import HAS_CUDA
 transformers = pytest.importorskip("transformers")
 import bitsandbytes as bnb  # noqa: E402
 
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)  # fmt: skip
 ARCHITECTURES = {
     "llama": lambda: transformers.LlamaConfig(**TINY),

@@ -9,7 +9,7 @@ import nf4_ops
 from conftest import ALL_DEVICES, HAS_CUDA, assert_gemv_close, bnb_quantize, state_on
 
 
-def weight(device, shape=(48, 320), quant_type="nf4", blocksize=64, nested=True):
+def weight(device, shape=(48, 512), quant_type="nf4", blocksize=64, nested=True):
     quantized = bnb_quantize(shape, quant_type, blocksize, nested)
     return quantized.packed.to(device), nf4_ops.quant_state_args(state_on(quantized, device))
 
@@ -23,10 +23,10 @@ def opcheck_samples(device):
         out = torch.empty(args["shape"], dtype=torch.float16, device=device)
         samples.append((torch.ops.nf4.dequantize.out, (packed,), dict(dtype=torch.float16, out=out, **args)))
         for rows in (1, 12):
-            x = torch.randn(rows, 320, device=device, dtype=torch.float16)
+            x = torch.randn(rows, 512, device=device, dtype=torch.float16)
             bias = torch.randn(48, device=device, dtype=torch.float16)
             samples.append((torch.ops.nf4.gemv.default, (x, packed), dict(bias=bias, **args)))
-    x3 = torch.randn(2, 3, 320, device=device)
+    x3 = torch.randn(2, 3, 512, device=device)
     samples.append((torch.ops.nf4.gemv.default, (x3, packed), args))
     return samples
 
@@ -40,7 +40,7 @@ def test_opcheck(device):
 def dequantize_then_gemv(x, packed, absmax, nested_absmax, nested_code, nested_offset):
     """A function that calls both ops, as user code would."""
     common = dict(
-        blocksize=64, quant_type="nf4", shape=[48, 320],
+        blocksize=64, quant_type="nf4", shape=[48, 512],
         nested_absmax=nested_absmax, nested_code=nested_code, nested_offset=nested_offset,
     )  # fmt: skip
     weight = torch.ops.nf4.dequantize(packed, absmax, dtype=x.dtype, **common)
@@ -54,9 +54,9 @@ def test_compile_fullgraph_dynamic(device):
     tensors = (packed, args["absmax"], args["nested_absmax"], args["nested_code"], args["nested_offset"])
     compiled = torch.compile(dequantize_then_gemv, fullgraph=True, dynamic=True)
     for rows in (1, 3, 17):  # dynamic=True: one graph for every row count
-        x = torch.randn(rows, 320, device=device)
+        x = torch.randn(rows, 512, device=device)
         torch.testing.assert_close(compiled(x, *tensors), dequantize_then_gemv(x, *tensors))
-        x3 = torch.randn(2, rows, 320, device=device)
+        x3 = torch.randn(2, rows, 512, device=device)
         torch.testing.assert_close(compiled(x3, *tensors), dequantize_then_gemv(x3, *tensors))
 
 
@@ -64,7 +64,7 @@ def test_compile_fullgraph_dynamic(device):
 @pytest.mark.parametrize("rows", [1, 4, 16], ids=lambda m: f"M{m}")
 def test_cuda_graph_capture_and_replay(rows):
     packed, args = weight("cuda")
-    static_x = torch.randn(rows, 320, device="cuda", dtype=torch.bfloat16)
+    static_x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(48, device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -77,7 +77,7 @@ def test_cuda_graph_capture_and_replay(rows):
         static_out = torch.ops.nf4.gemv(static_x, packed, bias=bias, **args)
         static_weight = torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args)
     for seed in range(3):
-        static_x.copy_(torch.randn(rows, 320, generator=torch.Generator().manual_seed(seed)).to(static_x))
+        static_x.copy_(torch.randn(rows, 512, generator=torch.Generator().manual_seed(seed)).to(static_x))
         static_weight.zero_()
         graph.replay()
         torch.cuda.synchronize()
@@ -110,7 +110,7 @@ def test_runs_on_the_current_non_default_stream():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_runs_on_the_tensors_device_not_the_current_one():
     packed, args = weight("cuda:1")
-    x = torch.randn(2, 320, device="cuda:1", dtype=torch.bfloat16)
+    x = torch.randn(2, 512, device="cuda:1", dtype=torch.bfloat16)
     with torch.cuda.device(0):
         out = torch.ops.nf4.gemv(x, packed, **args)
         w = torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args)
@@ -121,11 +121,11 @@ def test_runs_on_the_tensors_device_not_the_current_one():
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 def test_ops_do_not_synchronise_the_host():
     packed, args = weight("cuda")
-    x = torch.randn(2, 320, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
     torch.cuda.set_sync_debug_mode("error")
     try:
         torch.ops.nf4.gemv(x, packed, **args)
-        torch.ops.nf4.gemv(torch.randn(20, 320, device="cuda", dtype=torch.bfloat16), packed, **args)
+        torch.ops.nf4.gemv(torch.randn(20, 512, device="cuda", dtype=torch.bfloat16), packed, **args)
         torch.ops.nf4.dequantize(packed, dtype=torch.bfloat16, **args)
     finally:
         torch.cuda.set_sync_debug_mode("default")
