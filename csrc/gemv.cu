@@ -130,9 +130,13 @@ constexpr int kTcTileRows = 16;                   // W rows per tile (the mma's 
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
 constexpr int kTcTurnSteps = 4;                   // steps per loop turn
 constexpr int kTcTurn = kTcStep * kTcTurnSteps;   // K elements per turn; the path needs K % kTcTurn == 0
+constexpr int kTcMinTurnsPerWarp = 4;             // small layers: fewer warps, each with a few turns
 #ifndef NF4_TC_MIN_CTAS_PER_SM  // build-time knob for tuning runs (benchmarks/NOTES.md); default: the measured best
 #define NF4_TC_MIN_CTAS_PER_SM 2
 #endif
+// CTAs per SM the register budget is set for: 2 (128 registers) for up to 8 rows of x; 1 for 9-16 rows,
+// whose second n-tile needs more registers than 128 without spilling.
+__host__ __device__ constexpr int tc_min_ctas_per_sm(int n_tiles) { return n_tiles == 1 ? NF4_TC_MIN_CTAS_PER_SM : 1; }
 constexpr int kTcLutEntryBytes = 256;             // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcCode2Bytes = 256 * 4;            // the nested absmax map (state2.code), fp32
@@ -376,7 +380,7 @@ __host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_
 // 16-byte aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
 // 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][16] fp32 slots per warp (tc_partial_floats).
 template <typename T, int kNTiles, bool kNested>
-__global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
+__global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
@@ -409,7 +413,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
   const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
   const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
   const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kTcWarps, tiles * turns);
-  if (mine.first >= mine.end) return;
+  if (mine.first >= mine.end) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
+    for (int i = lane; i < x_rows * kTcTileRows; i += 32) partial[warp_id * 2 * x_rows * kTcTileRows + i] = 0.0f;
+    return;
+  }
   // This lane's x rows (one per n-tile); rows past x_rows read the last row and their outputs are dropped.
   const T* x_lane[kNTiles];
 #pragma unroll
@@ -448,16 +455,22 @@ __global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
     }
   };
 
-  // One turn: requests the warp's next turn into `next` (this tile's next turn or the next tile's first),
-  // decodes `now`, and flushes when the tile or the warp's turns end. Two buffers take turns.
-  const auto run_turn = [&](const Turn<kNested>& now, Turn<kNested>& next, int64_t p) {
-    if (p + 1 < mine.end) {
-      if (s + 1 < turns) {
-        fetch_turn(packed, tile_rows, t, (s + 1) * kTcTurnSteps, scales, blocksize_log2, blocks, next);
-      } else {
-        fetch_turn(packed, lane_rows(tile + 1, g, rows, cols), t, 0, scales, blocksize_log2, blocks, next);
-      }
+  // Requests turn `ahead` turns after the current one (this tile's, or a later tile's) into `into`.
+  const auto fetch_ahead = [&](int ahead, Turn<kNested>& into) {
+    if (s + ahead < turns) {
+      fetch_turn(packed, tile_rows, t, (s + ahead) * kTcTurnSteps, scales, blocksize_log2, blocks, into);
+    } else {
+      const int past = s + ahead - turns;  // turns into the tiles after this one
+      fetch_turn(packed, lane_rows(tile + 1 + past / turns, g, rows, cols), t, (past % turns) * kTcTurnSteps,
+                 scales, blocksize_log2, blocks, into);
     }
+  };
+
+  // One turn: requests the next turn into `next` (the buffer the previous turn used), decodes `now`, and
+  // flushes when the tile or the warp's turns end. (Two turns ahead, with a third buffer, spilled
+  // registers and lost: benchmarks/NOTES.md, gemv row 7.)
+  const auto run_turn = [&](const Turn<kNested>& now, Turn<kNested>& next, int64_t p) {
+    if (p + 1 < mine.end) fetch_ahead(1, next);
     tc_gemv_turn<T, kNTiles, kNested>(now, s * kTcTurnSteps, x_lane, lut_shared, lane4, blocks, nested, acc);
     if (s + 1 == turns || p + 1 == mine.end) flush(part_begin == 0 && s + 1 == turns);
     if (++s == turns) {
@@ -466,8 +479,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
     }
   };
 
+  // Two buffers take turns.
   Turn<kNested> a, b;
-  fetch_turn(packed, tile_rows, t, s * kTcTurnSteps, scales, blocksize_log2, blocks, a);
+  fetch_ahead(0, a);
   for (int64_t p = mine.first; p < mine.end; p += 2) {
     run_turn(a, b, p);
     if (p + 1 == mine.end) break;
@@ -479,7 +493,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, NF4_TC_MIN_CTAS_PER_SM)
 int64_t tc_partial_floats(int64_t warps, int64_t x_rows) { return warps * 2 * x_rows * kTcTileRows; }
 
 // For every tile that more than one warp shared: out = the warps' slots added in warp order (+ bias).
-// Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs.
+// Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs. Of the
+// warps that share a tile, only the first can have begun in an earlier tile (slot 1); every later one
+// began in this tile (slot 0, zeros for a warp with no turns).
 template <typename T>
 __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int64_t rows,
                                       int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
@@ -492,13 +508,11 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
     const int64_t w_begin = warp_of_turn(tile * turns, warps, total);
     const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
     if (w_begin == w_last) continue;
-    float sum = 0.0f;
-    for (int64_t w = w_begin; w <= w_last; ++w) {
-      const WarpTurns part = warp_turns(w, warps, total);
-      if (part.first >= part.end) continue;  // a warp with no turns (fewer turns than warps)
-      const int64_t slot = w * 2 + (part.first / turns == tile ? 0 : 1);
-      sum += partial[(slot * x_rows + m) * kTcTileRows + n % kTcTileRows];
-    }
+    const bool began_before = warp_turns(w_begin, warps, total).first < tile * turns;
+    const float* slot = partial + (m * kTcTileRows + n % kTcTileRows);  // + slot index * x_rows * 16
+    const int64_t slot_floats = int64_t{x_rows} * kTcTileRows;
+    float sum = slot[(w_begin * 2 + (began_before ? 1 : 0)) * slot_floats];
+    for (int64_t w = w_begin + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
     out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
 }
@@ -550,7 +564,7 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
                              at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int turns = static_cast<int>(cols / kTcTurn);
     const int64_t total = (rows + kTcTileRows - 1) / kTcTileRows * turns;
-    const int64_t grid = std::min(resident, (total + kTcWarps - 1) / kTcWarps);
+    const int64_t grid = std::min(resident, (total + kTcWarps * kTcMinTurnsPerWarp - 1) / (kTcWarps * kTcMinTurnsPerWarp));
     const int64_t warps = grid * kTcWarps;
     const at::Tensor partial = at::empty({tc_partial_floats(warps, x_rows)}, like.options().dtype(at::kFloat));
     float* partial_data = partial.mutable_data_ptr<float>();
