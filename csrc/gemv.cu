@@ -130,7 +130,10 @@ constexpr int kTcTileRows = 16;                   // W rows per tile (the mma's 
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
 constexpr int kTcTurnSteps = 4;                   // steps per loop turn
 constexpr int kTcTurn = kTcStep * kTcTurnSteps;   // K elements per turn; the path needs K % kTcTurn == 0
-constexpr int kTcMinTurnsPerWarp = 4;             // small layers: fewer warps, each with a few turns
+#ifndef NF4_TC_MIN_TURNS_PER_WARP  // build-time knob for tuning runs, as NF4_TC_MIN_CTAS_PER_SM below
+#define NF4_TC_MIN_TURNS_PER_WARP 2
+#endif
+constexpr int kTcMinTurnsPerWarp = NF4_TC_MIN_TURNS_PER_WARP;  // small layers: fewer warps, a few turns each
 #ifndef NF4_TC_MIN_CTAS_PER_SM  // build-time knob for tuning runs (benchmarks/NOTES.md); default: the measured best
 #define NF4_TC_MIN_CTAS_PER_SM 2
 #endif

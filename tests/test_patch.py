@@ -201,7 +201,7 @@ def test_layer_changed_after_patch_falls_back_once(tmp_root):
     model = load_4bit(saved_tiny_model("llama", tmp_root))
     nf4_ops.patch(model)
     layer = linear4bit_layers(model)[0]
-    x = torch.randn(2, 64)
+    x = torch.randn(2, layer.in_features)
     expected = layer(x)
     original = type(layer).forward
     calls = []
@@ -239,7 +239,7 @@ def test_compile_fullgraph_patched_layers(tmp_root):
     compiled = torch.compile(mlp, fullgraph=True, dynamic=True)
     with torch.no_grad():
         for rows in (1, 5, 12):
-            x = torch.randn(rows, 64)
+            x = torch.randn(rows, TINY["hidden_size"])
             torch.testing.assert_close(compiled(x), mlp(x))
 
 
