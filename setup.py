@@ -17,7 +17,7 @@ CUDA_SOURCES = ["dequantize.cu", "gemv.cu"]
 
 # bitsandbytes rounds the nested absmax twice (multiply, then add): no fused multiply-add on the host.
 CXX_FLAGS = ["-O3", "-ffp-contract=off"]
-# NF4_OPS_NVCC_FLAGS adds flags for kernel tuning builds, e.g. "-DNF4_TC_UNROLL=8" (see csrc/gemv.cu).
+# NF4_OPS_NVCC_FLAGS adds flags for kernel tuning builds, e.g. "-DNF4_TC_MIN_TURNS_PER_WARP=4" (see csrc/gemv.cu).
 NVCC_FLAGS = ["-O3", "-lineinfo", "-Xcompiler", "-ffp-contract=off"] + os.environ.get("NF4_OPS_NVCC_FLAGS", "").split()
 
 

@@ -523,7 +523,7 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // Whether the tensor-core kernel can take this call: its layout needs whole 256-element turns (so a turn
 // never straddles a row, and its absmax blocks are one vector load), 8-byte weight loads, 16-byte x and
 // absmax loads (4-byte loads of nested codes, a nested block of at least one turn's 4 blocks), and its
-// ~73 KiB of shared memory.
+// 65 KiB of shared memory.
 bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, const BlockScales& scales,
                               const WeightSpec& spec, int64_t cols) {
   const auto dtype = x_2d.scalar_type();

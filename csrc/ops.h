@@ -86,7 +86,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
 // set; the rows-of-x sweep of benchmarks/bench_kernels.py measures it (README, "Performance").
 //  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x, or shapes the tensor-core kernel cannot take):
 constexpr int64_t kFusedGemvMaxRows = 8;
-//  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 64 == 0, blocksize >= 64):
+//  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 256 == 0, blocksize >= 64):
 constexpr int64_t kTensorCoreGemvMaxRows = 16;
 
 }  // namespace nf4

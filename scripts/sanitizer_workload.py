@@ -33,8 +33,8 @@ def random_weight(n, k, blocksize, nested, device="cuda", misalign=False):
 def main():
     failures = 0
     # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
-    # one K slice (64 x 512), with K cut into slices plus the slice-adding kernel (40 x 4352), with warps
-    # that get no turn (40 x 1024) and with absmax blocks that span rows (bs 512 over K = 1280); the
+    # tiles shared by several warps plus the kernel that adds their parts (64 x 512, 40 x 4352), few turns
+    # per warp (40 x 1024) and absmax blocks that span rows (bs 512 over K = 1280); the
     # CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32, misaligned).
     cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 4352, 256, False, False),
              (40, 1024, 128, True, False), (24, 1280, 512, False, False), (64, 320, 64, False, False),
