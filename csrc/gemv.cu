@@ -201,7 +201,7 @@ struct TurnBlocks {
   uint32_t spread;  // __byte_perm selector that puts block byte (u >> steps_per_block_log2) in byte u
 };
 
-__host__ __device__ inline TurnBlocks turn_blocks(int blocksize_log2) {
+__device__ __forceinline__ TurnBlocks turn_blocks(int blocksize_log2) {
   const int log2 = blocksize_log2 - 6 < 2 ? blocksize_log2 - 6 : 2;
   return TurnBlocks{log2, log2 == 0 ? 0x3210u : (log2 == 1 ? 0x1100u : 0x0000u)};
 }
@@ -292,11 +292,10 @@ struct NestedDecode {
   float offset;
 };
 
-// The absmax of step u from one row's turn scales (nested: bitsandbytes' two roundings, as at_known).
-__device__ __forceinline__ float step_scale(const float (&plain)[kTcTurnSteps], int u) { return plain[u]; }
+// The nested absmax of step u from one row's turn scales.
 __device__ __forceinline__ float nested_scale(uint32_t spread_codes, float absmax2, int u,
                                               const NestedDecode& nested) {
-  return add_rn(mul_rn(nested.code2[(spread_codes >> (8 * u)) & 0xFF], absmax2), nested.offset);
+  return BlockScales::nested_absmax_value(nested.code2[(spread_codes >> (8 * u)) & 0xFF], absmax2, nested.offset);
 }
 
 // One 64-element step of one tile: 4 k-tiles into fresh fp32 sums, then acc += absmax * sums per W row.
@@ -356,8 +355,8 @@ __device__ __forceinline__ void tc_gemv_turn(const Turn<kNested>& turn, int s, c
       scale_lo = nested_scale(codes_lo, turn.scales.absmax2_lo, u, nested);
       scale_hi = nested_scale(codes_hi, turn.scales.absmax2_hi, u, nested);
     } else {
-      scale_lo = step_scale(turn.scales.lo, u);
-      scale_hi = step_scale(turn.scales.hi, u);
+      scale_lo = turn.scales.lo[u];
+      scale_hi = turn.scales.hi[u];
     }
     tc_gemv_step<T, kNTiles>(turn.lo[u], turn.hi[u], scale_lo, scale_hi, x_lane, (int64_t{s} + u) * kTcStep, lut,
                              lane4, acc);
@@ -458,14 +457,12 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
     }
   };
 
-  // Requests turn `ahead` turns after the current one (this tile's, or a later tile's) into `into`.
-  const auto fetch_ahead = [&](int ahead, Turn<kNested>& into) {
-    if (s + ahead < turns) {
-      fetch_turn(packed, tile_rows, t, (s + ahead) * kTcTurnSteps, scales, blocksize_log2, blocks, into);
+  // Requests the turn after the current one (this tile's next, or the next tile's first) into `into`.
+  const auto fetch_next = [&](Turn<kNested>& into) {
+    if (s + 1 < turns) {
+      fetch_turn(packed, tile_rows, t, (s + 1) * kTcTurnSteps, scales, blocksize_log2, blocks, into);
     } else {
-      const int past = s + ahead - turns;  // turns into the tiles after this one
-      fetch_turn(packed, lane_rows(tile + 1 + past / turns, g, rows, cols), t, (past % turns) * kTcTurnSteps,
-                 scales, blocksize_log2, blocks, into);
+      fetch_turn(packed, lane_rows(tile + 1, g, rows, cols), t, 0, scales, blocksize_log2, blocks, into);
     }
   };
 
@@ -473,7 +470,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
   // flushes when the tile or the warp's turns end. (Two turns ahead, with a third buffer, spilled
   // registers and lost: benchmarks/NOTES.md, gemv row 7.)
   const auto run_turn = [&](const Turn<kNested>& now, Turn<kNested>& next, int64_t p) {
-    if (p + 1 < mine.end) fetch_ahead(1, next);
+    if (p + 1 < mine.end) fetch_next(next);
     tc_gemv_turn<T, kNTiles, kNested>(now, s * kTcTurnSteps, x_lane, lut_shared, lane4, blocks, nested, acc);
     if (s + 1 == turns || p + 1 == mine.end) flush(part_begin == 0 && s + 1 == turns);
     if (++s == turns) {
@@ -484,7 +481,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
 
   // Two buffers take turns.
   Turn<kNested> a, b;
-  fetch_ahead(0, a);
+  fetch_turn(packed, tile_rows, t, s * kTcTurnSteps, scales, blocksize_log2, blocks, a);
   for (int64_t p = mine.first; p < mine.end; p += 2) {
     run_turn(a, b, p);
     if (p + 1 == mine.end) break;

@@ -78,17 +78,14 @@ struct BlockScales {
 
   NF4_HD bool nested() const { return absmax == nullptr; }
 
-  NF4_HD float at(int64_t block) const { return nested() ? at_known<true>(block) : at_known<false>(block); }
+  NF4_HD float at(int64_t block) const {
+    if (!nested()) return absmax[block];
+    return nested_absmax_value(code2[codes[block]], absmax2[block >> nested_blocksize_log2], *offset);
+  }
 
-  // at(), for kernels compiled separately for plain and nested absmax.
-  template <bool kNested>
-  NF4_HD float at_known(int64_t block) const {
-    if constexpr (!kNested) {
-      return absmax[block];
-    } else {
-      const float scaled = mul_rn(code2[codes[block]], absmax2[block >> nested_blocksize_log2]);
-      return add_rn(scaled, *offset);
-    }
+  // The nested math alone, for kernels that fetch the three inputs themselves.
+  NF4_HD static float nested_absmax_value(float code2_value, float absmax2_value, float offset_value) {
+    return add_rn(mul_rn(code2_value, absmax2_value), offset_value);
   }
 };
 
