@@ -7,10 +7,16 @@ module, compute-dtype rule, bias cast, output cast back to the input dtype) and 
 
 Layers it cannot run (an unknown weight layout, a device without nf4 kernels) keep their original forward;
 one warning names them and says why. Nothing is changed in the checkpoint or the modules' parameters.
+
+transformers' `generate` compiles the decode step itself (static cache, `compile_config`, CUDA graphs) only
+for models its quantizer calls compileable, and its bitsandbytes quantizer says no. Once every Linear4bit
+runs on the nf4 ops (which compile with fullgraph and CUDA graphs), patch() marks the model's quantizer
+compileable, so that path runs; unpatch() takes the mark away.
 """
 
 from __future__ import annotations
 
+import functools
 import types
 import warnings
 from typing import Optional
@@ -135,11 +141,33 @@ def _linear4bit_layers(model):
     return [(name, m) for name, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
 
 
+# The attribute of a marked quantizer's class that holds the class it had before patch().
+_UNMARKED_CLASS = "_nf4_ops_unmarked_class"
+
+
+@functools.lru_cache(maxsize=None)
+def _compileable_class(quantizer_class: type) -> type:
+    """`quantizer_class` with `is_compileable` True (one subclass per class, so unpatch can go back)."""
+    return type(quantizer_class.__name__, (quantizer_class,),
+                {"is_compileable": property(lambda self: True), _UNMARKED_CLASS: quantizer_class})  # fmt: skip
+
+
+def _mark_quantizer_compileable(model: torch.nn.Module) -> None:
+    """Lets transformers' generate compile the patched model (see the module docstring): only this model's
+    quantizer object changes class, never the class bitsandbytes-quantized models share."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or getattr(quantizer, "is_compileable", True):  # none, compileable, or marked already
+        return
+    quantizer.__class__ = _compileable_class(type(quantizer))
+
+
 def patch(model: torch.nn.Module) -> torch.nn.Module:
     """Makes every bitsandbytes Linear4bit in `model` run on nf4::gemv / nf4::dequantize; returns `model`.
 
     Patching twice is harmless; `unpatch(model)` restores the original forwards exactly. Layers that
-    cannot run on the nf4 ops are left alone and named in one warning.
+    cannot run on the nf4 ops are left alone and named in one warning. When none is left alone, a
+    transformers model's quantizer is marked compileable, so `generate` with a static cache compiles the
+    decode step as it does for unquantized models (`generation_config.disable_compile` turns that off).
     """
     left_alone = []
     kernel_devices = _kernel_device_types()
@@ -153,7 +181,9 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
         saved = _SavedForward(module, kernel_devices)
         setattr(module, _SAVED, saved)
         setattr(module, saved.attribute, types.MethodType(_patched_forward, module))
-    if left_alone:
+    if not left_alone:
+        _mark_quantizer_compileable(model)
+    else:
         warnings.warn(
             f"nf4_ops.patch left {len(left_alone)} Linear4bit layer(s) on their original forward:\n  "
             + "\n  ".join(left_alone),
@@ -168,6 +198,9 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
         saved = module.__dict__.pop(_SAVED, None)
         if saved is not None:
             saved.restore(module)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and hasattr(type(quantizer), _UNMARKED_CLASS):
+        quantizer.__class__ = getattr(type(quantizer), _UNMARKED_CLASS)
     return model
 
 
