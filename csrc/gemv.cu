@@ -125,26 +125,33 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // one warp takes whole goes straight to the output; the parts of a tile that several warps share go to
 // fp32 slots, which a second kernel adds in warp order. Every order is fixed, so the result is the same
 // on every run.
-constexpr int kTcWarps = 8;                       // warps per CTA
+constexpr int kTcWarps = 16;                      // warps per CTA, one CTA per SM (they share one table)
 constexpr int kTcTileRows = 16;                   // W rows per tile (the mma's M)
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
 constexpr int kTcTurnSteps = 4;                   // steps per loop turn
 constexpr int kTcTurn = kTcStep * kTcTurnSteps;   // K elements per turn; the path needs K % kTcTurn == 0
-#ifndef NF4_TC_MIN_TURNS_PER_WARP  // build-time knob for tuning runs, as NF4_TC_MIN_CTAS_PER_SM below
+#ifndef NF4_TC_MIN_TURNS_PER_WARP  // build-time knob for tuning runs (benchmarks/NOTES.md), as NF4_TC_STAGES
 #define NF4_TC_MIN_TURNS_PER_WARP 2
 #endif
 constexpr int kTcMinTurnsPerWarp = NF4_TC_MIN_TURNS_PER_WARP;  // small layers: fewer warps, a few turns each
-#ifndef NF4_TC_MIN_CTAS_PER_SM  // build-time knob for tuning runs (benchmarks/NOTES.md); default: the measured best
-#define NF4_TC_MIN_CTAS_PER_SM 2
+#ifndef NF4_TC_STAGES
+#define NF4_TC_STAGES 2
 #endif
-// CTAs per SM the register budget is set for: 2 (128 registers) for up to 8 rows of x; 1 for 9-16 rows,
-// whose second n-tile needs more registers than 128 without spilling.
-__host__ __device__ constexpr int tc_min_ctas_per_sm(int n_tiles) { return n_tiles == 1 ? NF4_TC_MIN_CTAS_PER_SM : 1; }
+// Turns each warp has staged in shared memory: one being decoded, the rest in flight.
+constexpr int kTcStages = NF4_TC_STAGES;
+static_assert(kTcStages >= 2 && (kTcStages & (kTcStages - 1)) == 0, "NF4_TC_STAGES: a power of two >= 2");
 constexpr int kTcLutEntryBytes = 256;             // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcCode2Bytes = 256 * 4;            // the nested absmax map (state2.code), fp32
+// One stage: the tile's 16 rows x 128 packed bytes of one turn, then 16 bytes of scales per row (plain:
+// the turn's absmax values, 4 / 2 / 1 fp32 by blocksize; nested: the 4-byte word holding the turn's uint8
+// codes, then the fp32 nested absmax).
+constexpr int kTcRowTurnBytes = kTcTurn / 2;
+constexpr int kTcStageWeightBytes = kTcTileRows * kTcRowTurnBytes;
+constexpr int kTcRowScaleBytes = 16;
+constexpr int kTcStageBytes = kTcStageWeightBytes + kTcTileRows * kTcRowScaleBytes;
 
-constexpr int tc_shared_bytes() { return kTcLutBytes + kTcCode2Bytes; }
+constexpr int tc_shared_bytes() { return kTcLutBytes + kTcCode2Bytes + kTcWarps * kTcStages * kTcStageBytes; }
 
 template <typename T>
 __device__ __forceinline__ uint16_t bits_of(T v);
@@ -176,11 +183,37 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
-// 8 packed weight bytes, read once: streamed past L1 so that x, which every warp rereads, stays there.
-__device__ __forceinline__ uint2 load_weight_bytes(const uint8_t* p) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-  return v;
+// cp.async: copies kBytes (4, 8 or 16) from global to shared memory without registers, src_bytes of them
+// read and the rest zero-filled; 16-byte copies bypass L1, so that x, which every warp rereads, stays there.
+template <int kBytes>
+__device__ __forceinline__ void copy_async(uint32_t shared_dst, const void* src, uint32_t src_bytes = kBytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst), "l"(src), "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_dst), "l"(src), "n"(kBytes),
+                 "r"(src_bytes)
+                 : "memory");
+  }
+#else
+  __trap();  // the host launches this path only on sm_80 or newer
+#endif
+}
+
+// Closes this thread's group of copies (an empty group when it issued none).
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Waits until at most kPending of this thread's groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
 }
 
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
@@ -206,83 +239,65 @@ __device__ __forceinline__ TurnBlocks turn_blocks(int blocksize_log2) {
   return TurnBlocks{log2, log2 == 0 ? 0x3210u : (log2 == 1 ? 0x1100u : 0x0000u)};
 }
 
-// The scales of one lane's two W rows for the 4 steps of a turn, as loaded (one load per row per turn).
-template <bool kNested>
-struct TurnScales;
-template <>
-struct TurnScales<false> {
-  float lo[kTcTurnSteps], hi[kTcTurnSteps];  // absmax of each step
-};
-template <>
-struct TurnScales<true> {
-  uint32_t codes_lo, codes_hi;  // the uint8 absmax codes of the turn's blocks, first block in byte 0
-  float absmax2_lo, absmax2_hi;  // the nested absmax of the turn's blocks (one nested block holds them all)
-};
-
-// The fp32 absmax of the turn's blocks starting at block `first` (aligned to the number of blocks).
-__device__ __forceinline__ void load_turn_scales(const BlockScales& scales, int64_t first, TurnBlocks blocks,
-                                                 float (&out)[kTcTurnSteps]) {
-  if (blocks.steps_per_block_log2 == 0) {
-    const float4 q = __ldg(reinterpret_cast<const float4*>(scales.absmax + first));
-    out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
-  } else if (blocks.steps_per_block_log2 == 1) {
-    const float2 q = __ldg(reinterpret_cast<const float2*>(scales.absmax + first));
-    out[0] = q.x, out[1] = q.x, out[2] = q.y, out[3] = q.y;
-  } else {
-    const float v = __ldg(scales.absmax + first);
-    out[0] = v, out[1] = v, out[2] = v, out[3] = v;
-  }
+// Where W row r's packed bytes for step u, lane t (8 bytes: the row's turn bytes 32u + 8t ..) sit in a stage.
+// The 32-byte pieces of a row are XOR-swizzled by r % 4, so that the 16 lanes of a half-warp (4 rows x 4
+// lanes) read 4 different pieces and hit 32 different banks.
+__device__ __forceinline__ int stage_weight_offset(int r, int u, int t) {
+  return r * kTcRowTurnBytes + ((u ^ (r & 3)) << 5) + 8 * t;
 }
 
-// The uint8 codes of the turn's blocks starting at block `first`, first block in byte 0.
-__device__ __forceinline__ uint32_t load_turn_codes(const BlockScales& scales, int64_t first, TurnBlocks blocks) {
-  if (blocks.steps_per_block_log2 == 0) return __ldg(reinterpret_cast<const unsigned int*>(scales.codes + first));
-  if (blocks.steps_per_block_log2 == 1) return __ldg(reinterpret_cast<const unsigned short*>(scales.codes + first));
-  return __ldg(scales.codes + first);
-}
-
-// One turn's loads for one lane: the packed bytes of its two W rows for 4 steps, and their scales.
-template <bool kNested>
-struct Turn {
-  uint2 lo[kTcTurnSteps], hi[kTcTurnSteps];
-  TurnScales<kNested> scales;
+// Where one lane's copies for the turns of one tile come from (set when the staging moves to a new tile):
+// W row tile * 16 + lane / 8 + 4i (i = 0..3) for the weights, row tile * 16 + lane for the scales.
+struct StageSource {
+  const uint8_t* weight;    // row tile * 16 + lane / 8's packed bytes at turn 0, this lane's 16-byte piece
+  int64_t scale_row_start;  // row tile * 16 + lane's first element, as a flat index
+  int64_t rows_left;        // rows - tile * 16: the tile's rows at or past this are not there (zero-filled)
 };
 
-// The W rows a lane feeds for tile `tile` (rows past the end are clamped to the last row, valid memory,
-// and their outputs dropped), as flat element indices of their first elements.
-struct LaneRows {
-  int64_t start_lo, start_hi;
-};
-
-__device__ __forceinline__ LaneRows lane_rows(int64_t tile, int g, int64_t rows, int64_t cols) {
-  const int64_t row_lo = tile * kTcTileRows + g < rows ? tile * kTcTileRows + g : rows - 1;
-  const int64_t row_hi = tile * kTcTileRows + g + 8 < rows ? tile * kTcTileRows + g + 8 : rows - 1;
-  return LaneRows{row_lo * cols, row_hi * cols};
+__device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64_t tile, int lane, int64_t rows,
+                                                    int64_t cols) {
+  const int64_t first_row = tile * kTcTileRows;
+  return StageSource{packed + (first_row + lane / 8) * (cols / 2) + 16 * (lane % 8), (first_row + lane) * cols,
+                     rows - first_row};
 }
 
-// Loads turn s (steps s .. s + 3) of the lane's rows: weight bytes from its 8-byte column, and scales.
+// The warp requests turn s of its tile into the stage at shared-window address `stage`: the weight bytes as
+// 16-byte copies (8 lanes per row, 4 whole rows per instruction), and lanes 0-15 one row's scales each.
+// Rows past the end of W are zero-filled (nothing read); their outputs are dropped.
 template <bool kNested>
-__device__ __forceinline__ void fetch_turn(const uint8_t* packed, LaneRows lane_rows, int t, int s,
-                                           const BlockScales& scales, int blocksize_log2, TurnBlocks blocks,
-                                           Turn<kNested>& turn) {
-  const int64_t k0 = int64_t{s} * kTcStep;
-  const uint8_t* w_lo = packed + (lane_rows.start_lo + k0) / 2 + 8 * t;
-  const uint8_t* w_hi = packed + (lane_rows.start_hi + k0) / 2 + 8 * t;
+__device__ __forceinline__ void stage_turn(uint32_t stage, const StageSource& src, int s, int64_t rows,
+                                           int64_t cols, const BlockScales& scales, int blocksize_log2,
+                                           TurnBlocks blocks, int lane) {
+  const int piece = lane % 8;  // 16-byte piece of the row's 128 turn bytes
+  const int64_t four_rows_bytes = 2 * cols;
+  const uint8_t* weight = src.weight + s * kTcRowTurnBytes;
 #pragma unroll
-  for (int u = 0; u < kTcTurnSteps; ++u) {
-    turn.lo[u] = load_weight_bytes(w_lo + u * (kTcStep / 2));
-    turn.hi[u] = load_weight_bytes(w_hi + u * (kTcStep / 2));
+  for (int i = 0; i < kTcTileRows / 4; ++i) {
+    const int r = lane / 8 + 4 * i;
+    // piece p holds turn bytes 16p .. 16p + 15, i.e. lanes 2(p % 2), +1 of step p / 2
+    copy_async<16>(stage + stage_weight_offset(r, piece / 2, 2 * (piece % 2)), weight, r < src.rows_left ? 16 : 0);
+    weight += four_rows_bytes;
   }
-  const int64_t first_lo = (lane_rows.start_lo + k0) >> blocksize_log2;
-  const int64_t first_hi = (lane_rows.start_hi + k0) >> blocksize_log2;
-  if constexpr (!kNested) {
-    load_turn_scales(scales, first_lo, blocks, turn.scales.lo);
-    load_turn_scales(scales, first_hi, blocks, turn.scales.hi);
-  } else {
-    turn.scales.codes_lo = load_turn_codes(scales, first_lo, blocks);
-    turn.scales.codes_hi = load_turn_codes(scales, first_hi, blocks);
-    turn.scales.absmax2_lo = __ldg(scales.absmax2 + (first_lo >> scales.nested_blocksize_log2));
-    turn.scales.absmax2_hi = __ldg(scales.absmax2 + (first_hi >> scales.nested_blocksize_log2));
+  if (lane < kTcTileRows) {
+    const int64_t first = (src.scale_row_start + int64_t{s} * kTcTurn) >> blocksize_log2;  // the turn's first block
+    const uint32_t dst = stage + kTcStageWeightBytes + lane * kTcRowScaleBytes;
+    const bool there = lane < src.rows_left;
+    if constexpr (!kNested) {
+      const float* from = there ? scales.absmax + first : scales.absmax;
+      if (blocks.steps_per_block_log2 == 0) {
+        copy_async<16>(dst, from, there ? 16 : 0);
+      } else if (blocks.steps_per_block_log2 == 1) {
+        copy_async<8>(dst, from, there ? 8 : 0);
+      } else {
+        copy_async<4>(dst, from, there ? 4 : 0);
+      }
+    } else {
+      // The aligned 4-byte word that holds the turn's 1, 2 or 4 codes; bytes past the codes' end read as zero.
+      const int64_t word = there ? first & ~int64_t{3} : 0;
+      const int64_t code_count = (rows * cols + (int64_t{1} << blocksize_log2) - 1) >> blocksize_log2;  // last partial
+      copy_async<4>(dst, scales.codes + word, there ? static_cast<uint32_t>(code_count - word < 4 ? code_count - word : 4) : 0);
+      copy_async<4>(dst + 4, scales.absmax2 + (there ? first >> scales.nested_blocksize_log2 : 0), there ? 4 : 0);
+    }
   }
 }
 
@@ -292,10 +307,31 @@ struct NestedDecode {
   float offset;
 };
 
-// The nested absmax of step u from one row's turn scales.
-__device__ __forceinline__ float nested_scale(uint32_t spread_codes, float absmax2, int u,
-                                              const NestedDecode& nested) {
-  return BlockScales::nested_absmax_value(nested.code2[(spread_codes >> (8 * u)) & 0xFF], absmax2, nested.offset);
+// The absmax of each of the turn's 4 steps for W row r, from the stage's scale bytes of that row.
+template <bool kNested>
+__device__ __forceinline__ void turn_scales(const uint8_t* row_scales, int64_t row_start, int s, int blocksize_log2,
+                                            TurnBlocks blocks, const NestedDecode& nested, float (&out)[kTcTurnSteps]) {
+  if constexpr (!kNested) {
+    if (blocks.steps_per_block_log2 == 0) {
+      const float4 q = *reinterpret_cast<const float4*>(row_scales);
+      out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
+    } else if (blocks.steps_per_block_log2 == 1) {
+      const float2 q = *reinterpret_cast<const float2*>(row_scales);
+      out[0] = q.x, out[1] = q.x, out[2] = q.y, out[3] = q.y;
+    } else {
+      const float v = *reinterpret_cast<const float*>(row_scales);
+      out[0] = v, out[1] = v, out[2] = v, out[3] = v;
+    }
+  } else {
+    const int64_t first = (row_start + int64_t{s} * kTcTurn) >> blocksize_log2;
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(row_scales) >> (8 * (first & 3));
+    const float absmax2 = *reinterpret_cast<const float*>(row_scales + 4);
+    const uint32_t codes = __byte_perm(word, 0, blocks.spread);  // byte u: the code of step u
+#pragma unroll
+    for (int u = 0; u < kTcTurnSteps; ++u) {
+      out[u] = BlockScales::nested_absmax_value(nested.code2[(codes >> (8 * u)) & 0xFF], absmax2, nested.offset);
+    }
+  }
 }
 
 // One 64-element step of one tile: 4 k-tiles into fresh fp32 sums, then acc += absmax * sums per W row.
@@ -338,27 +374,22 @@ __device__ __forceinline__ void tc_gemv_step(uint2 w_lo, uint2 w_hi, float scale
   }
 }
 
-// The 4 steps of one turn starting at step s.
+// Decodes turn s of the lane's rows g and g + 8 (starting at flat elements row_lo / row_hi) from `stage`.
 template <typename T, int kNTiles, bool kNested>
-__device__ __forceinline__ void tc_gemv_turn(const Turn<kNested>& turn, int s, const T* const (&x_lane)[kNTiles],
-                                             uint32_t lut, uint32_t lane4, TurnBlocks blocks,
-                                             const NestedDecode& nested, float (&acc)[kNTiles][4]) {
-  [[maybe_unused]] uint32_t codes_lo = 0, codes_hi = 0;
-  if constexpr (kNested) {
-    codes_lo = __byte_perm(turn.scales.codes_lo, 0, blocks.spread);
-    codes_hi = __byte_perm(turn.scales.codes_hi, 0, blocks.spread);
-  }
+__device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, int64_t row_lo, int64_t row_hi, int s, int g,
+                                             int t, const T* const (&x_lane)[kNTiles], uint32_t lut, uint32_t lane4,
+                                             int blocksize_log2, TurnBlocks blocks, const NestedDecode& nested,
+                                             float (&acc)[kNTiles][4]) {
+  float scale_lo[kTcTurnSteps], scale_hi[kTcTurnSteps];
+  const uint8_t* stage_scales = stage + kTcStageWeightBytes;
+  turn_scales<kNested>(stage_scales + g * kTcRowScaleBytes, row_lo, s, blocksize_log2, blocks, nested, scale_lo);
+  turn_scales<kNested>(stage_scales + (g + 8) * kTcRowScaleBytes, row_hi, s, blocksize_log2, blocks, nested,
+                       scale_hi);
 #pragma unroll
   for (int u = 0; u < kTcTurnSteps; ++u) {
-    float scale_lo, scale_hi;
-    if constexpr (kNested) {
-      scale_lo = nested_scale(codes_lo, turn.scales.absmax2_lo, u, nested);
-      scale_hi = nested_scale(codes_hi, turn.scales.absmax2_hi, u, nested);
-    } else {
-      scale_lo = turn.scales.lo[u];
-      scale_hi = turn.scales.hi[u];
-    }
-    tc_gemv_step<T, kNTiles>(turn.lo[u], turn.hi[u], scale_lo, scale_hi, x_lane, (int64_t{s} + u) * kTcStep, lut,
+    const uint2 w_lo = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g, u, t));
+    const uint2 w_hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, u, t));
+    tc_gemv_step<T, kNTiles>(w_lo, w_hi, scale_lo[u], scale_hi[u], x_lane, int64_t{s} * kTcTurn + u * kTcStep, lut,
                              lane4, acc);
   }
 }
@@ -378,17 +409,45 @@ __host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_
   return ((p + 1) * warps - 1) / total;
 }
 
-// Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed 8-byte and x
-// 16-byte aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
+// Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed and x 16-byte
+// aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
 // 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][16] fp32 slots per warp (tc_partial_floats).
 template <typename T, int kNTiles, bool kNested>
-__global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
+__global__ void __launch_bounds__(kTcWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
   extern __shared__ __align__(16) uint8_t tc_shared[];
   uint8_t* lut = tc_shared;
   float* code2 = reinterpret_cast<float*>(tc_shared + kTcLutBytes);
+  uint8_t* ring = tc_shared + kTcLutBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * kTcStageBytes);
+
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const TurnBlocks blocks = turn_blocks(blocksize_log2);
+  const int turns = static_cast<int>(cols / kTcTurn);  // per tile
+  const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
+  const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
+  const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kTcWarps, tiles * turns);
+  const int64_t count = mine.end - mine.first;  // this warp's turns
+  const int64_t first_tile = mine.first / turns;
+
+  // The first stages' copies go out before the table fill, so they are in flight while it runs.
+  const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  int64_t staged_tile = first_tile;
+  int staged_s = static_cast<int>(mine.first - first_tile * turns);
+  StageSource source = stage_source(packed, staged_tile, lane, rows, cols);
+  const auto stage_next = [&](int64_t q) {  // requests the warp's turn q (in order) into its stage
+    stage_turn<kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * kTcStageBytes, source, staged_s,
+                        rows, cols, scales, blocksize_log2, blocks, lane);
+    if (++staged_s == turns) staged_s = 0, source = stage_source(packed, ++staged_tile, lane, rows, cols);
+  };
+  for (int q = 0; q < kTcStages - 1; ++q) {
+    if (q < count) stage_next(q);
+    copy_async_commit();
+  }
+
   // Table fill: thread i writes 16-byte chunk i % 8 of entry i / 8, so a warp's stores cover 4 entries'
   // 128 bytes each, 4 wavefronts and no more.
   for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {
@@ -405,20 +464,12 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
   if constexpr (kNested) nested.offset = *scales.offset;
   __syncthreads();
 
-  const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
-  const uint32_t lane4 = 4 * lane;
-  const TurnBlocks blocks = turn_blocks(blocksize_log2);
-  const int turns = static_cast<int>(cols / kTcTurn);  // per tile
-  const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
-  const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
-  const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kTcWarps, tiles * turns);
-  if (mine.first >= mine.end) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
+  if (count <= 0) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
     for (int i = lane; i < x_rows * kTcTileRows; i += 32) partial[warp_id * 2 * x_rows * kTcTileRows + i] = 0.0f;
     return;
   }
+  const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  const uint32_t lane4 = 4 * lane;
   // This lane's x rows (one per n-tile); rows past x_rows read the last row and their outputs are dropped.
   const T* x_lane[kNTiles];
 #pragma unroll
@@ -428,11 +479,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
   }
 
   // Where the warp is: turn `s` of tile `tile`; the warp's part of the tile began at turn `part_begin`.
-  const int64_t first_tile = mine.first / turns;
   int64_t tile = first_tile;
   int s = static_cast<int>(mine.first - tile * turns);
   int part_begin = s;
-  LaneRows tile_rows = lane_rows(tile, g, rows, cols);
   float acc[kNTiles][4] = {};
 
   // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile,
@@ -457,35 +506,21 @@ __global__ void __launch_bounds__(kTcWarps * 32, tc_min_ctas_per_sm(kNTiles))
     }
   };
 
-  // Requests the turn after the current one (this tile's next, or the next tile's first) into `into`.
-  const auto fetch_next = [&](Turn<kNested>& into) {
-    if (s + 1 < turns) {
-      fetch_turn(packed, tile_rows, t, (s + 1) * kTcTurnSteps, scales, blocksize_log2, blocks, into);
-    } else {
-      fetch_turn(packed, lane_rows(tile + 1, g, rows, cols), t, 0, scales, blocksize_log2, blocks, into);
-    }
-  };
-
-  // One turn: requests the next turn into `next` (the buffer the previous turn used), decodes `now`, and
-  // flushes when the tile or the warp's turns end. (Two turns ahead, with a third buffer, spilled
-  // registers and lost: benchmarks/NOTES.md, gemv row 7.)
-  const auto run_turn = [&](const Turn<kNested>& now, Turn<kNested>& next, int64_t p) {
-    if (p + 1 < mine.end) fetch_next(next);
-    tc_gemv_turn<T, kNTiles, kNested>(now, s * kTcTurnSteps, x_lane, lut_shared, lane4, blocks, nested, acc);
-    if (s + 1 == turns || p + 1 == mine.end) flush(part_begin == 0 && s + 1 == turns);
-    if (++s == turns) {
-      ++tile, s = 0, part_begin = 0;
-      tile_rows = lane_rows(tile, g, rows, cols);
-    }
-  };
-
-  // Two buffers take turns.
-  Turn<kNested> a, b;
-  fetch_turn(packed, tile_rows, t, s * kTcTurnSteps, scales, blocksize_log2, blocks, a);
-  for (int64_t p = mine.first; p < mine.end; p += 2) {
-    run_turn(a, b, p);
-    if (p + 1 == mine.end) break;
-    run_turn(b, a, p + 1);
+  // Each turn: request the turn kTcStages - 1 ahead into the stage the previous turn used, wait for this
+  // turn's copies, decode it. The warp-wide syncs make every lane's copies visible to the others, and keep
+  // a stage from being refilled while a lane still reads it.
+  for (int64_t q = 0; q < count; ++q) {
+    if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1);
+    copy_async_commit();
+    copy_async_wait<kTcStages - 1>();
+    __syncwarp();
+    const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * kTcStageBytes;
+    const int64_t row_lo = (tile * kTcTileRows + g) * cols;  // (rows past the end: zeros, outputs dropped)
+    tc_gemv_turn<T, kNTiles, kNested>(stage, row_lo, row_lo + 8 * cols, s, g, t, x_lane, lut_shared, lane4,
+                                      blocksize_log2, blocks, nested, acc);
+    if (s + 1 == turns || q + 1 == count) flush(part_begin == 0 && s + 1 == turns);
+    if (++s == turns) ++tile, s = 0, part_begin = 0;
+    __syncwarp();
   }
 }
 
@@ -518,9 +553,9 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 }
 
 // Whether the tensor-core kernel can take this call: its layout needs whole 256-element turns (so a turn
-// never straddles a row, and its absmax blocks are one vector load), 8-byte weight loads, 16-byte x and
-// absmax loads (4-byte loads of nested codes, a nested block of at least one turn's 4 blocks), and its
-// 65 KiB of shared memory.
+// never straddles a row, and its absmax blocks are one copy), 16-byte weight copies and x loads, 16-byte
+// absmax copies (4-byte copies of nested codes, a nested block of at least one turn's 4 blocks), and its
+// shared memory (the table and the warps' stages).
 bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, const BlockScales& scales,
                               const WeightSpec& spec, int64_t cols) {
   const auto dtype = x_2d.scalar_type();
@@ -531,7 +566,7 @@ bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, 
                                   : is_aligned_16(scales.absmax);
   return (dtype == at::kHalf || dtype == at::kBFloat16) && props->major >= 8 &&
          props->sharedMemPerBlockOptin >= size_t{tc_shared_bytes()} && cols % kTcTurn == 0 &&
-         (int64_t{1} << spec.blocksize_log2) >= kTcStep && reinterpret_cast<uintptr_t>(packed_bytes) % 8 == 0 &&
+         (int64_t{1} << spec.blocksize_log2) >= kTcStep && is_aligned_16(packed_bytes) &&
          is_aligned_16(x_2d.const_data_ptr()) && scales_aligned;
 }
 
