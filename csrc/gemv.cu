@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // this path spends one byte permute (which builds the table address) and one shared-memory lookup in a
 // 256-entry table that maps the byte straight to its two code values as a packed fp16/bf16 pair, plus a
 // quarter of an mma; the absmax scale is applied once per 64 elements to the mma's fp32 result instead of
-// once per element, and a lane loads the scales of a whole loop turn (4 steps) in one vector load. The
+// once per element, and a lane reads the scales of a whole loop turn (4 steps) in one vector read. The
 // table is replicated once per lane, entry e of lane l at byte e * 256 + 4 * l, so that 32 random bytes
 // never share a bank and the byte permute alone forms the offset (byte in bits 8..15, 4 * lane in 0..7).
 //
@@ -113,15 +113,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // Lane layout. mma lane (g = lane / 4, t = lane % 4) feeds W rows g and g + 8 of the tile and x row g of
 // each n-tile. The k order inside a 64-element step is permuted (the same way for W and x, so the dot
 // product is unchanged) so that each lane's operands are 16 consecutive elements: its own 8 packed bytes
-// (one 8-byte load per W row) and 16 consecutive x values (two 16-byte loads). mma k-tile j takes lane t's
-// elements 16t + 4j .. 16t + 4j + 3, i.e. packed bytes 2j and 2j + 1 of its 8.
+// (one 8-byte shared-memory read per W row) and 16 consecutive x values (two 16-byte loads). mma k-tile j
+// takes lane t's elements 16t + 4j .. 16t + 4j + 3, i.e. packed bytes 2j and 2j + 1 of its 8.
 //
 // Work split (stream-K). A tile is 16 W rows over all of K, cut into turns of 4 steps (K % 256 == 0, so a
 // turn never straddles a row, nor an absmax block it does not start). The tiles' turns, laid end to end,
 // are shared out evenly over every warp of a grid of resident CTAs, so each warp takes one contiguous run
 // of turns, whatever the layer's shape: no warp waits for another, and small-N layers fill the GPU too.
-// Each warp requests its next turn's weight bytes and scales (the next tile's first turn included) before
-// it decodes the current one, so its loads stay in flight from its first turn to its last. A tile that
+// Each warp stages its turns through a ring of kTcStages turn-sized buffers in shared memory with cp.async:
+// while it decodes one turn, the next ones (the next tile's first turns included) are in flight, whole
+// 128-byte row pieces per copy instruction, without registers to hold them. A tile that
 // one warp takes whole goes straight to the output; the parts of a tile that several warps share go to
 // fp32 slots, which a second kernel adds in warp order. Every order is fixed, so the result is the same
 // on every run.
@@ -295,7 +296,8 @@ __device__ __forceinline__ void stage_turn(uint32_t stage, const StageSource& sr
       // The aligned 4-byte word that holds the turn's 1, 2 or 4 codes; bytes past the codes' end read as zero.
       const int64_t word = there ? first & ~int64_t{3} : 0;
       const int64_t code_count = (rows * cols + (int64_t{1} << blocksize_log2) - 1) >> blocksize_log2;  // last partial
-      copy_async<4>(dst, scales.codes + word, there ? static_cast<uint32_t>(code_count - word < 4 ? code_count - word : 4) : 0);
+      const int64_t code_bytes = there ? (code_count - word < 4 ? code_count - word : 4) : 0;
+      copy_async<4>(dst, scales.codes + word, static_cast<uint32_t>(code_bytes));
       copy_async<4>(dst + 4, scales.absmax2 + (there ? first >> scales.nested_blocksize_log2 : 0), there ? 4 : 0);
     }
   }

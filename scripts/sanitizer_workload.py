@@ -34,10 +34,12 @@ def main():
     failures = 0
     # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
     # tiles shared by several warps plus the kernel that adds their parts (64 x 512, 40 x 4352), few turns
-    # per warp (40 x 1024) and absmax blocks that span rows (bs 512 over K = 1280); the
+    # per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last nested
+    # block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end; the
     # CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32, misaligned).
     cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 4352, 256, False, False),
-             (40, 1024, 128, True, False), (24, 1280, 512, False, False), (64, 320, 64, False, False),
+             (40, 1024, 128, True, False), (24, 1280, 512, False, False), (40, 1280, 4096, True, False),
+             (64, 320, 64, False, False),
              (33, 77, 32, True, False), (48, 1088, 4096, True, True), (7, 40, 128, False, True)]  # fmt: skip
     for n, k, blocksize, nested, misalign in cases:
         packed, args = random_weight(n, k, blocksize, nested, misalign=misalign)
