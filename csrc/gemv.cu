@@ -411,6 +411,15 @@ __host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_
   return ((p + 1) * warps - 1) / total;
 }
 
+// Code value `index` (0..15), picked with constant indices so that the table stays in registers.
+__device__ __forceinline__ float code_value(QuantType quant_type, int index) {
+  const CodeTable table = code_table(quant_type);
+  float value = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) value = index == i ? table.value[i] : value;
+  return value;
+}
+
 // Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed and x 16-byte
 // aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
 // 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][16] fp32 slots per warp (tc_partial_floats).
@@ -452,11 +461,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
 
   // Table fill: thread i writes 16-byte chunk i % 8 of entry i / 8, so a warp's stores cover 4 entries'
   // 128 bytes each, 4 wavefronts and no more.
-  for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {
+  // Lane l holds code value l % 16 and the others read it by shuffle: a table indexed by a variable would
+  // sit in local memory (slow on small layers, where the fill is a good part of the time).
+  const float lane_code = code_value(quant_type, lane % 16);
+  for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {  // whole warps: 2048 % 32 == 0
     const int byte = chunk / 8;
-    const CodeTable table = code_table(quant_type);
-    const uint32_t pair = uint32_t(bits_of(from_float<T>(table.value[byte >> 4]))) |
-                          uint32_t(bits_of(from_float<T>(table.value[byte & 0x0F]))) << 16;
+    const float high = __shfl_sync(0xFFFFFFFFu, lane_code, byte >> 4);
+    const float low = __shfl_sync(0xFFFFFFFFu, lane_code, byte & 0x0F);
+    const uint32_t pair = uint32_t(bits_of(from_float<T>(high))) | uint32_t(bits_of(from_float<T>(low))) << 16;
     reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes)[chunk % 8] = make_uint4(pair, pair, pair, pair);
   }
   if constexpr (kNested) {
