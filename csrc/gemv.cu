@@ -411,7 +411,8 @@ __host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_
   return ((p + 1) * warps - 1) / total;
 }
 
-// Code value `index` (0..15), picked with constant indices so that the table stays in registers.
+// Code value `index` (0..15). (nvcc turns the selects back into one indexed read of the table, which it
+// keeps in local memory: once per thread here, not once per table entry as before; NOTES gemv row 10.)
 __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
   const CodeTable table = code_table(quant_type);
   float value = 0.0f;
@@ -461,8 +462,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
 
   // Table fill: thread i writes 16-byte chunk i % 8 of entry i / 8, so a warp's stores cover 4 entries'
   // 128 bytes each, 4 wavefronts and no more.
-  // Lane l holds code value l % 16 and the others read it by shuffle: a table indexed by a variable would
-  // sit in local memory (slow on small layers, where the fill is a good part of the time).
+  // Lane l reads code value l % 16 once and the others take it by shuffle: reading the (local-memory)
+  // table for every entry was slow on small layers, where the fill is a good part of the time.
   const float lane_code = code_value(quant_type, lane % 16);
   for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {  // whole warps: 2048 % 32 == 0
     const int byte = chunk / 8;
