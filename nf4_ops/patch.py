@@ -147,9 +147,13 @@ _UNMARKED_CLASS = "_nf4_ops_unmarked_class"
 
 @functools.lru_cache(maxsize=None)
 def _compileable_class(quantizer_class: type) -> type:
-    """`quantizer_class` with `is_compileable` True (one subclass per class, so unpatch can go back)."""
-    return type(quantizer_class.__name__, (quantizer_class,),
-                {"is_compileable": property(lambda self: True), _UNMARKED_CLASS: quantizer_class})  # fmt: skip
+    """`quantizer_class` with `is_compileable` True (one subclass per class, so unpatch can go back). It is
+    a global of this module under its own name, so that a pickled patched model finds it again."""
+    name = f"_Nf4OpsCompileable{quantizer_class.__name__}"
+    subclass = type(name, (quantizer_class,), {"is_compileable": property(lambda self: True),
+                                               _UNMARKED_CLASS: quantizer_class, "__module__": __name__})  # fmt: skip
+    globals()[name] = subclass
+    return subclass
 
 
 def _mark_quantizer_compileable(model: torch.nn.Module) -> None:

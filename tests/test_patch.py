@@ -4,6 +4,7 @@ LoRA, compile without graph breaks, and unpatch back to exactly what they were."
 from __future__ import annotations
 
 import functools
+import pickle
 import subprocess
 import sys
 import warnings
@@ -312,6 +313,7 @@ def test_patch_lets_transformers_compile_generate_and_unpatch_takes_it_back(tmp_
     nf4_ops.patch(nf4_ops.patch(model))
     assert model.hf_quantizer.is_compileable
     assert not quantizer_class(model.hf_quantizer.quantization_config).is_compileable  # the shared class is untouched
+    assert pickle.loads(pickle.dumps(model.hf_quantizer)).is_compileable  # a saved patched model loads again
     nf4_ops.unpatch(model)
     assert type(model.hf_quantizer) is quantizer_class and not model.hf_quantizer.is_compileable
 
