@@ -80,11 +80,12 @@ def test_gemv_non_contiguous_x(rows, device):
     assert_gemv_close(torch.ops.nf4.gemv(x_sliced, packed, **args), x_sliced, packed, args)
 
 
-# Shapes that reach every loop of the tensor-core kernel (csrc/gemv.cu): more 16-row tiles than the CTAs
-# the GPU holds at once, with a last tile of 8 rows, and 17 256-element turns of K (over 8 warps: 2 each
-# and 3 for the last, so both turn buffers end an item); few rows with a long K, which is cut into slices
-# whose fp32 sums a second kernel adds; and 4 turns, so that half the warps get none. Each with its own
-# blocksize: one, two and four absmax blocks per turn are three ways of loading the scales.
+# Shapes that reach every path of the tensor-core kernel (csrc/gemv.cu): more 16-row tiles than warps, so
+# warps' runs of turns (and their staged copies) cross tiles, with a last tile of 8 rows (rows past W's end
+# are zero-filled) and an odd 17 turns per tile, so runs end on either stage of the ring; few rows with a
+# long K, so several warps share each tile and a second kernel adds their fp32 parts; and 12 turns in all
+# (3 tiles x 4) for one CTA's 16 warps, so that some warps get none. Each with its own blocksize: one, two
+# and four absmax blocks per turn are three ways of copying and reading the scales.
 TENSOR_CORE_SHAPES = {
     "many_tiles": ((16 * 900 + 8, 256 * 17), 256),
     "k_slices": ((40, 256 * 17), 64),
