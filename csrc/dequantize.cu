@@ -1,14 +1,20 @@
-// nf4::dequantize on CUDA. Each lane turns one packed word into one 16-byte store of output: 8 elements
-// (a 4-byte word) for fp16/bf16, 4 elements (a 2-byte word) for fp32, so a warp's loads and stores are
-// both contiguous. Blocksizes are powers of two >= 32, so an item never straddles an absmax block and
-// takes one scale; the nested absmax is computed in the same launch. Each lane keeps kUnroll
-// independent items in flight. Elements past the last whole item, and every element when `packed` or
-// `out` is not aligned for the vector path, take a scalar path.
+// nf4::dequantize on CUDA. The output goes out in 16-byte stores: 8 elements (one 4-byte packed word) for
+// fp16/bf16, 4 elements (a 2-byte word) for fp32. Each warp takes one item of kWordsPerLane * 32 words in
+// one vector load per lane, then lane l writes the item's 16-byte units l, 32 + l, ..., taking each
+// unit's word from the lane that loaded it by shuffle, so every warp store is 512 contiguous bytes. One
+// item per warp and no grid-stride loop: on an H100 this was measured against the earlier shape (4-byte
+// loads, 4 items per thread, a grid capped at 32 CTAs per SM): 93-96% of the copy ceiling instead of
+// 88-90% on 300-600 MB layers (benchmarks/NOTES.md, dequantize row 5).
+// Blocksizes are powers of two >= 32, so a unit never straddles an absmax block and takes one scale;
+// the nested absmax is computed in the same launch. Elements past the last whole item, and every element
+// when `packed` or `out` is not aligned for the vector path, take a scalar path.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
 #include <type_traits>
 
 #include "cuda_types.cuh"
@@ -18,54 +24,75 @@ namespace nf4 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
+constexpr int kWarpsPerBlock = kThreads / 32;
+constexpr int kWordsPerLane = 4;  // 16-byte packed loads for fp16/bf16 output, 8-byte for fp32
 
 template <typename T>
-struct Item {
+struct Unit {
   static constexpr int kElements = sizeof(uint4) / sizeof(T);  // one 16-byte store
   using PackedWord = std::conditional_t<kElements == 8, uint32_t, uint16_t>;
   static_assert(sizeof(PackedWord) * 2 == kElements, "two elements per packed byte");
+  static constexpr int kItemWords = 32 * kWordsPerLane;  // one warp's item
+  static constexpr int kItemBytes = kItemWords * int(sizeof(PackedWord));
+  static constexpr int kLaneBytes = kWordsPerLane * int(sizeof(PackedWord));  // the vector load's alignment
 };
+
+// The lane's kWordsPerLane consecutive packed words, in one vector load.
+template <typename Word>
+__device__ __forceinline__ void load_lane_words(const uint8_t* lane_bytes, Word (&words)[kWordsPerLane]) {
+  if constexpr (sizeof(Word) == 4) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(lane_bytes));
+    words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
+  } else {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(lane_bytes));
+    words[0] = Word(v.x), words[1] = Word(v.x >> 16), words[2] = Word(v.y), words[3] = Word(v.y >> 16);
+  }
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     dequantize_kernel(const uint8_t* __restrict__ packed, BlockScales scales, QuantType quant_type,
-                      int blocksize_log2, int64_t numel, int64_t vector_items, T* __restrict__ out) {
-  using Word = typename Item<T>::PackedWord;
-  constexpr int kElements = Item<T>::kElements;
+                      int blocksize_log2, int64_t numel, int64_t items, T* __restrict__ out) {
+  using U = Unit<T>;
+  using Word = typename U::PackedWord;
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
   __syncthreads();
 
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int64_t first = tid; first < vector_items; first += stride * kUnroll) {
-    Word words[kUnroll];
-    float item_scales[kUnroll];
+  const int lane = threadIdx.x % 32;
+  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (item < items) {
+    Word words[kWordsPerLane];
+    load_lane_words(packed + item * U::kItemBytes + lane * U::kLaneBytes, words);
+    const int64_t first_unit = item * U::kItemWords;
+    float unit_scales[kWordsPerLane];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {  // all loads first: kUnroll independent requests in flight
-      const int64_t item = first + u * stride;
-      if (item < vector_items) {
-        words[u] = __ldg(reinterpret_cast<const Word*>(packed) + item);
-        item_scales[u] = scales.at((item * kElements) >> blocksize_log2);
-      }
+    for (int j = 0; j < kWordsPerLane; ++j) {  // independent of the words: requested before they arrive
+      unit_scales[j] = scales.at(((first_unit + 32 * j + lane) * U::kElements) >> blocksize_log2);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t item = first + u * stride;
-      if (item < vector_items) {
-        alignas(16) T values[kElements];
+    for (int j = 0; j < kWordsPerLane; ++j) {
+      // Unit 32j + l is word (32j + l) % kWordsPerLane == l % kWordsPerLane of lane (32j + l) / kWordsPerLane.
+      const int source_lane = (32 * j + lane) / kWordsPerLane;
+      Word word = 0;
 #pragma unroll
-        for (int byte = 0; byte < kElements / 2; ++byte) {
-          const uint32_t b = (uint32_t(words[u]) >> (8 * byte)) & 0xFF;  // little-endian: byte 0 first
-          values[2 * byte] = from_float<T>(__fmul_rn(table[b >> 4], item_scales[u]));  // even = high nibble
-          values[2 * byte + 1] = from_float<T>(__fmul_rn(table[b & 0x0F], item_scales[u]));
-        }
-        reinterpret_cast<uint4*>(out)[item] = *reinterpret_cast<const uint4*>(values);
+      for (int w = 0; w < kWordsPerLane; ++w) {
+        const Word shuffled = Word(__shfl_sync(0xFFFFFFFFu, uint32_t(words[w]), source_lane));
+        word = w == lane % kWordsPerLane ? shuffled : word;
       }
+      alignas(16) T values[U::kElements];
+#pragma unroll
+      for (int byte = 0; byte < U::kElements / 2; ++byte) {
+        const uint32_t b = (uint32_t(word) >> (8 * byte)) & 0xFF;  // little-endian: byte 0 first
+        values[2 * byte] = from_float<T>(__fmul_rn(table[b >> 4], unit_scales[j]));  // even = high nibble
+        values[2 * byte + 1] = from_float<T>(__fmul_rn(table[b & 0x0F], unit_scales[j]));
+      }
+      reinterpret_cast<uint4*>(out)[first_unit + 32 * j + lane] = *reinterpret_cast<const uint4*>(values);
     }
   }
-  for (int64_t e = vector_items * kElements + tid; e < numel; e += stride) {
+  const int64_t threads = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = items * U::kItemWords * U::kElements + int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+       e < numel; e += threads) {
     out[e] = from_float<T>(mul_rn(table[nibble_at(packed, e)], scales.at(e >> blocksize_log2)));
   }
 }
@@ -76,19 +103,17 @@ void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const B
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
   NF4_DISPATCH_FLOAT_TYPES(out.scalar_type(), "nf4::dequantize", [&] {
     using T = typename CudaScalar<scalar_t>::type;
+    using U = Unit<T>;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
-    constexpr int kElements = Item<T>::kElements;
-    const bool vectorize = reinterpret_cast<uintptr_t>(bytes) % sizeof(typename Item<T>::PackedWord) == 0 &&
-                           is_aligned_16(out_data);
-    const int64_t vector_items = vectorize ? numel / kElements : 0;
-    const int64_t scalar_elements = numel - vector_items * kElements;
-    const int64_t work = std::max<int64_t>((vector_items + kUnroll - 1) / kUnroll, scalar_elements);
-    // One pass of kUnroll items per thread, not a persistent grid: on an H100 a grid of only the resident
-    // CTAs was measured slower (85-88% of the copy ceiling instead of 90% on 300-600 MB layers).
-    const int64_t max_blocks = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
-    const int blocks = static_cast<int>(std::clamp<int64_t>((work + kThreads - 1) / kThreads, 1, max_blocks));
-    dequantize_kernel<T><<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        bytes, scales, spec.quant_type, spec.blocksize_log2, numel, vector_items, out_data);
+    const bool vectorize = reinterpret_cast<uintptr_t>(bytes) % U::kLaneBytes == 0 && is_aligned_16(out_data);
+    const int64_t items = vectorize ? numel / (int64_t(U::kItemWords) * U::kElements) : 0;
+    const int64_t scalar_elements = numel - items * U::kItemWords * U::kElements;
+    const int64_t blocks = std::max<int64_t>({(items + kWarpsPerBlock - 1) / kWarpsPerBlock,
+                                              (scalar_elements + kThreads - 1) / kThreads, 1});
+    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::dequantize: shape ", spec.rows, " x ", spec.cols,
+                " needs ", blocks, " CUDA blocks, more than a launch allows");
+    dequantize_kernel<T><<<static_cast<int>(blocks), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        bytes, scales, spec.quant_type, spec.blocksize_log2, numel, items, out_data);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
