@@ -125,6 +125,19 @@ def measure_ceilings() -> dict[str, float]:
     }
 
 
+def warm_up(layer: Layer) -> None:
+    """One untimed dequantize timing before the table's: the first timing of a process read ~12% slow
+    (Gemma q, H100: 26.1 us, then 23.1 on the same inputs; benchmarks/NOTES.md, dequantize row 5)."""
+    import bitsandbytes.functional as bnbf
+
+    weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
+    quantized = [bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE)
+                 for _ in range(copies_for(dequantize_bytes(layer.n, layer.k, BLOCKSIZE, False)))]
+    graph_median_us(lambda p, s: nf4_ops.dequantize(p, s, torch.bfloat16), quantized)
+    del weight, quantized
+    torch.cuda.empty_cache()
+
+
 def copies_for(nbytes_per_call: int) -> int:
     return max(2, min(16, math.ceil(ROTATE_BYTES / max(nbytes_per_call, 1))))
 
@@ -291,6 +304,7 @@ def main() -> int:
     print(f"== {env}", flush=True)
     ceilings = measure_ceilings()
     print(f"== ceilings (GB/s): {ceilings}", flush=True)
+    warm_up(layers[0])
     rows = []
     for i, layer in enumerate(layers):
         start = time.time()

@@ -116,8 +116,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // (one 8-byte shared-memory read per W row) and 16 consecutive x values (two 16-byte loads). mma k-tile j
 // takes lane t's elements 16t + 4j .. 16t + 4j + 3, i.e. packed bytes 2j and 2j + 1 of its 8.
 //
-// Work split (stream-K). A tile is 16 W rows over all of K, cut into turns of 4 steps (K % 256 == 0, so a
-// turn never straddles a row, nor an absmax block it does not start). The tiles' turns, laid end to end,
+// Work split (stream-K). A tile is 16 W rows (32, two mmas' M, for 9-16 rows of x on large layers: see
+// kTcWideTileMinRows) over all of K, cut into turns of 4 steps (K % 256 == 0, so a turn never straddles a
+// row, nor an absmax block it does not start). The tiles' turns, laid end to end,
 // are shared out evenly over every warp of a grid of resident CTAs, so each warp takes one contiguous run
 // of turns, whatever the layer's shape: no warp waits for another, and small-N layers fill the GPU too.
 // Each warp stages its turns through a ring of kTcStages turn-sized buffers in shared memory with cp.async:
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // fp32 slots, which a second kernel adds in warp order. Every order is fixed, so the result is the same
 // on every run.
 constexpr int kTcWarps = 16;                      // warps per CTA, one CTA per SM (they share one table)
-constexpr int kTcTileRows = 16;                   // W rows per tile (the mma's M)
+constexpr int kTcMmaRows = 16;                    // W rows per mma (its M); a tile is kMTiles of them
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
 constexpr int kTcTurnSteps = 4;                   // steps per loop turn
 constexpr int kTcTurn = kTcStep * kTcTurnSteps;   // K elements per turn; the path needs K % kTcTurn == 0
@@ -144,15 +145,37 @@ static_assert(kTcStages >= 2 && (kTcStages & (kTcStages - 1)) == 0, "NF4_TC_STAG
 constexpr int kTcLutEntryBytes = 256;             // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcCode2Bytes = 256 * 4;            // the nested absmax map (state2.code), fp32
-// One stage: the tile's 16 rows x 128 packed bytes of one turn, then 16 bytes of scales per row (plain:
-// the turn's absmax values, 4 / 2 / 1 fp32 by blocksize; nested: the 4-byte word holding the turn's uint8
-// codes, then the fp32 nested absmax).
+#ifndef NF4_TC_WIDE_TILE_MIN_ROWS
+#define NF4_TC_WIDE_TILE_MIN_ROWS 9
+#endif
+// From this many rows of x a warp's tile is 32 W rows (two mmas' M) instead of 16, where the GPU's shared
+// memory allows: each x fragment then feeds two mmas, which halves the x traffic per weight byte; at 9-16
+// rows a warp reads 4x as many bytes of x (from L2: 16 rows of x fit in no L1) as of weights per turn
+// with 16-row tiles (benchmarks/NOTES.md, gemv row 11).
+constexpr int kTcWideTileMinRows = NF4_TC_WIDE_TILE_MIN_ROWS;
+#ifndef NF4_TC_WIDE_TILE_MIN_TURNS_PER_WARP
+#define NF4_TC_WIDE_TILE_MIN_TURNS_PER_WARP 6
+#endif
+// ... and only on layers with K >= kTcWideTileMinCols that give every resident warp at least
+// kTcWideTileMinTurnsPerWarp wide turns. Both measured on an H100 at 12 and 16 rows over the paper layers
+// (benchmarks/NOTES.md, gemv row 11): with fewer turns per warp (k/v, q/o layers) each warp's fixed costs
+// (its table share, its first turn's latency, the tile parts it shares) weigh more and 16-row tiles were
+// 5-40% faster; at K = 5120-5376 (Gemma, Qwen gate/up) 16-row tiles were 3-4% faster; at K >= 8192 with
+// 6.7-13.6 turns per warp (down projections, Llama gate/up) 32-row tiles were 2.5-13% faster.
+constexpr int kTcWideTileMinTurnsPerWarp = NF4_TC_WIDE_TILE_MIN_TURNS_PER_WARP;
+constexpr int64_t kTcWideTileMinCols = 8192;
 constexpr int kTcRowTurnBytes = kTcTurn / 2;
-constexpr int kTcStageWeightBytes = kTcTileRows * kTcRowTurnBytes;
 constexpr int kTcRowScaleBytes = 16;
-constexpr int kTcStageBytes = kTcStageWeightBytes + kTcTileRows * kTcRowScaleBytes;
-
-constexpr int tc_shared_bytes() { return kTcLutBytes + kTcCode2Bytes + kTcWarps * kTcStages * kTcStageBytes; }
+// One stage: the tile's rows x 128 packed bytes of one turn, then 16 bytes of scales per row (plain: the
+// turn's absmax values, 4 / 2 / 1 fp32 by blocksize; nested: the 4-byte word holding the turn's uint8
+// codes, then the fp32 nested absmax).
+template <int kMTiles>
+struct TileShape {
+  static constexpr int kRows = kTcMmaRows * kMTiles;
+  static constexpr int kStageWeightBytes = kRows * kTcRowTurnBytes;
+  static constexpr int kStageBytes = kStageWeightBytes + kRows * kTcRowScaleBytes;
+  static constexpr int kSharedBytes = kTcLutBytes + kTcCode2Bytes + kTcWarps * kTcStages * kStageBytes;
+};
 
 template <typename T>
 __device__ __forceinline__ uint16_t bits_of(T v);
@@ -247,17 +270,19 @@ __device__ __forceinline__ int stage_weight_offset(int r, int u, int t) {
   return r * kTcRowTurnBytes + ((u ^ (r & 3)) << 5) + 8 * t;
 }
 
-// Where one lane's copies for the turns of one tile come from (set when the staging moves to a new tile):
-// W row tile * 16 + lane / 8 + 4i (i = 0..3) for the weights, row tile * 16 + lane for the scales.
+// Where one lane's copies for the turns of one tile of kRows rows come from (set when the staging moves to
+// a new tile): W row tile * kRows + lane / 8 + 4i (i = 0 .. kRows / 4 - 1) for the weights, row
+// tile * kRows + lane for the scales (lanes below kRows).
 struct StageSource {
-  const uint8_t* weight;    // row tile * 16 + lane / 8's packed bytes at turn 0, this lane's 16-byte piece
-  int64_t scale_row_start;  // row tile * 16 + lane's first element, as a flat index
-  int64_t rows_left;        // rows - tile * 16: the tile's rows at or past this are not there (zero-filled)
+  const uint8_t* weight;    // row tile * kRows + lane / 8's packed bytes at turn 0, this lane's 16-byte piece
+  int64_t scale_row_start;  // row tile * kRows + lane's first element, as a flat index
+  int64_t rows_left;        // rows - tile * kRows: the tile's rows at or past this are not there (zero-filled)
 };
 
+template <int kRows>
 __device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64_t tile, int lane, int64_t rows,
                                                     int64_t cols) {
-  const int64_t first_row = tile * kTcTileRows;
+  const int64_t first_row = tile * kRows;
   return StageSource{packed + (first_row + lane / 8) * (cols / 2) + 16 * (lane % 8), (first_row + lane) * cols,
                      rows - first_row};
 }
@@ -265,23 +290,24 @@ __device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64
 // The warp requests turn s of its tile into the stage at shared-window address `stage`: the weight bytes as
 // 16-byte copies (8 lanes per row, 4 whole rows per instruction), and lanes 0-15 one row's scales each.
 // Rows past the end of W are zero-filled (nothing read); their outputs are dropped.
-template <bool kNested>
+template <int kRows, bool kNested>
 __device__ __forceinline__ void stage_turn(uint32_t stage, const StageSource& src, int s, int64_t rows,
                                            int64_t cols, const BlockScales& scales, int blocksize_log2,
                                            TurnBlocks blocks, int lane) {
+  static_assert(kRows <= 32, "one lane per row copies the scales");
   const int piece = lane % 8;  // 16-byte piece of the row's 128 turn bytes
   const int64_t four_rows_bytes = 2 * cols;
   const uint8_t* weight = src.weight + s * kTcRowTurnBytes;
 #pragma unroll
-  for (int i = 0; i < kTcTileRows / 4; ++i) {
+  for (int i = 0; i < kRows / 4; ++i) {
     const int r = lane / 8 + 4 * i;
     // piece p holds turn bytes 16p .. 16p + 15, i.e. lanes 2(p % 2), +1 of step p / 2
     copy_async<16>(stage + stage_weight_offset(r, piece / 2, 2 * (piece % 2)), weight, r < src.rows_left ? 16 : 0);
     weight += four_rows_bytes;
   }
-  if (lane < kTcTileRows) {
+  if (lane < kRows) {
     const int64_t first = (src.scale_row_start + int64_t{s} * kTcTurn) >> blocksize_log2;  // the turn's first block
-    const uint32_t dst = stage + kTcStageWeightBytes + lane * kTcRowScaleBytes;
+    const uint32_t dst = stage + kRows * kTcRowTurnBytes + lane * kTcRowScaleBytes;
     const bool there = lane < src.rows_left;
     if constexpr (!kNested) {
       const float* from = there ? scales.absmax + first : scales.absmax;
@@ -336,11 +362,13 @@ __device__ __forceinline__ void turn_scales(const uint8_t* row_scales, int64_t r
   }
 }
 
-// One 64-element step of one tile: 4 k-tiles into fresh fp32 sums, then acc += absmax * sums per W row.
-template <typename T, int kNTiles>
-__device__ __forceinline__ void tc_gemv_step(uint2 w_lo, uint2 w_hi, float scale_lo, float scale_hi,
+// One 64-element step of one tile: for each of its kMTiles mmas' 16 W rows, 4 k-tiles into fresh fp32 sums,
+// then acc += absmax * sums per W row. Each x fragment is loaded once and feeds every m-tile.
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void tc_gemv_step(const uint2 (&w_lo)[kMTiles], const uint2 (&w_hi)[kMTiles],
+                                             const float (&scale_lo)[kMTiles], const float (&scale_hi)[kMTiles],
                                              const T* const (&x_lane)[kNTiles], int64_t k0, uint32_t lut,
-                                             uint32_t lane4, float (&acc)[kNTiles][4]) {
+                                             uint32_t lane4, float (&acc)[kMTiles][kNTiles][4]) {
   uint4 xv[kNTiles][2];
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
@@ -348,51 +376,67 @@ __device__ __forceinline__ void tc_gemv_step(uint2 w_lo, uint2 w_hi, float scale
     xv[nt][0] = __ldg(x16);
     xv[nt][1] = __ldg(x16 + 1);
   }
-  float sums[kNTiles][4] = {};
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint32_t lo = j < 2 ? w_lo.x : w_lo.y;  // row g's packed bytes 2j and 2j + 1 are bytes
-    const uint32_t hi = j < 2 ? w_hi.x : w_hi.y;  // (j % 2) * 2 and + 1 of these words; row g + 8's
-    uint32_t a[4];
-    if (j % 2 == 0) {
-      a[0] = code_pair<0>(lut, lo, lane4), a[1] = code_pair<0>(lut, hi, lane4);
-      a[2] = code_pair<1>(lut, lo, lane4), a[3] = code_pair<1>(lut, hi, lane4);
-    } else {
-      a[0] = code_pair<2>(lut, lo, lane4), a[1] = code_pair<2>(lut, hi, lane4);
-      a[2] = code_pair<3>(lut, lo, lane4), a[3] = code_pair<3>(lut, hi, lane4);
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    float sums[kNTiles][4] = {};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t lo = j < 2 ? w_lo[mt].x : w_lo[mt].y;  // row g's packed bytes 2j and 2j + 1 are bytes
+      const uint32_t hi = j < 2 ? w_hi[mt].x : w_hi[mt].y;  // (j % 2) * 2 and + 1 of these words; row g + 8's
+      uint32_t a[4];
+      if (j % 2 == 0) {
+        a[0] = code_pair<0>(lut, lo, lane4), a[1] = code_pair<0>(lut, hi, lane4);
+        a[2] = code_pair<1>(lut, lo, lane4), a[3] = code_pair<1>(lut, hi, lane4);
+      } else {
+        a[0] = code_pair<2>(lut, lo, lane4), a[1] = code_pair<2>(lut, hi, lane4);
+        a[2] = code_pair<3>(lut, lo, lane4), a[3] = code_pair<3>(lut, hi, lane4);
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        const uint4& x8 = xv[nt][j / 2];
+        mma_16816<T>(sums[nt], a, j % 2 ? x8.z : x8.x, j % 2 ? x8.w : x8.y, sums[nt]);
+      }
     }
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      const uint4& x8 = xv[nt][j / 2];
-      mma_16816<T>(sums[nt], a, j % 2 ? x8.z : x8.x, j % 2 ? x8.w : x8.y, sums[nt]);
+      acc[mt][nt][0] = fmaf(scale_lo[mt], sums[nt][0], acc[mt][nt][0]);
+      acc[mt][nt][1] = fmaf(scale_lo[mt], sums[nt][1], acc[mt][nt][1]);
+      acc[mt][nt][2] = fmaf(scale_hi[mt], sums[nt][2], acc[mt][nt][2]);
+      acc[mt][nt][3] = fmaf(scale_hi[mt], sums[nt][3], acc[mt][nt][3]);
     }
-  }
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    acc[nt][0] = fmaf(scale_lo, sums[nt][0], acc[nt][0]);
-    acc[nt][1] = fmaf(scale_lo, sums[nt][1], acc[nt][1]);
-    acc[nt][2] = fmaf(scale_hi, sums[nt][2], acc[nt][2]);
-    acc[nt][3] = fmaf(scale_hi, sums[nt][3], acc[nt][3]);
   }
 }
 
-// Decodes turn s of the lane's rows g and g + 8 (starting at flat elements row_lo / row_hi) from `stage`.
-template <typename T, int kNTiles, bool kNested>
-__device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, int64_t row_lo, int64_t row_hi, int s, int g,
+// Decodes turn s of the lane's rows 16mt + g and 16mt + g + 8 of the tile (whose row 0 starts at flat
+// element tile_start) from `stage`.
+template <typename T, int kMTiles, int kNTiles, bool kNested>
+__device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, int64_t tile_start, int64_t cols, int s, int g,
                                              int t, const T* const (&x_lane)[kNTiles], uint32_t lut, uint32_t lane4,
                                              int blocksize_log2, TurnBlocks blocks, const NestedDecode& nested,
-                                             float (&acc)[kNTiles][4]) {
-  float scale_lo[kTcTurnSteps], scale_hi[kTcTurnSteps];
-  const uint8_t* stage_scales = stage + kTcStageWeightBytes;
-  turn_scales<kNested>(stage_scales + g * kTcRowScaleBytes, row_lo, s, blocksize_log2, blocks, nested, scale_lo);
-  turn_scales<kNested>(stage_scales + (g + 8) * kTcRowScaleBytes, row_hi, s, blocksize_log2, blocks, nested,
-                       scale_hi);
+                                             float (&acc)[kMTiles][kNTiles][4]) {
+  float scale_lo[kMTiles][kTcTurnSteps], scale_hi[kMTiles][kTcTurnSteps];
+  const uint8_t* stage_scales = stage + TileShape<kMTiles>::kStageWeightBytes;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+    const int r = kTcMmaRows * mt + g;
+    turn_scales<kNested>(stage_scales + r * kTcRowScaleBytes, tile_start + r * cols, s, blocksize_log2, blocks,
+                         nested, scale_lo[mt]);
+    turn_scales<kNested>(stage_scales + (r + 8) * kTcRowScaleBytes, tile_start + (r + 8) * cols, s, blocksize_log2,
+                         blocks, nested, scale_hi[mt]);
+  }
 #pragma unroll
   for (int u = 0; u < kTcTurnSteps; ++u) {
-    const uint2 w_lo = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g, u, t));
-    const uint2 w_hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, u, t));
-    tc_gemv_step<T, kNTiles>(w_lo, w_hi, scale_lo[u], scale_hi[u], x_lane, int64_t{s} * kTcTurn + u * kTcStep, lut,
-                             lane4, acc);
+    uint2 w_lo[kMTiles], w_hi[kMTiles];
+    float step_lo[kMTiles], step_hi[kMTiles];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const int r = kTcMmaRows * mt + g;
+      w_lo[mt] = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(r, u, t));
+      w_hi[mt] = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(r + 8, u, t));
+      step_lo[mt] = scale_lo[mt][u], step_hi[mt] = scale_hi[mt][u];
+    }
+    tc_gemv_step<T, kMTiles, kNTiles>(w_lo, w_hi, step_lo, step_hi, x_lane, int64_t{s} * kTcTurn + u * kTcStep, lut,
+                                      lane4, acc);
   }
 }
 
@@ -423,8 +467,8 @@ __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
 
 // Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed and x 16-byte
 // aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
-// 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][16] fp32 slots per warp (tc_partial_floats).
-template <typename T, int kNTiles, bool kNested>
+// 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][tile rows] fp32 slots per warp (tc_partial_floats).
+template <typename T, int kMTiles, int kNTiles, bool kNested>
 __global__ void __launch_bounds__(kTcWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
@@ -432,14 +476,15 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   extern __shared__ __align__(16) uint8_t tc_shared[];
   uint8_t* lut = tc_shared;
   float* code2 = reinterpret_cast<float*>(tc_shared + kTcLutBytes);
-  uint8_t* ring = tc_shared + kTcLutBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * kTcStageBytes);
+  using Tile = TileShape<kMTiles>;
+  uint8_t* ring = tc_shared + kTcLutBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * Tile::kStageBytes);
 
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
   const int t = lane % 4;
   const TurnBlocks blocks = turn_blocks(blocksize_log2);
   const int turns = static_cast<int>(cols / kTcTurn);  // per tile
-  const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
+  const int64_t tiles = (rows + Tile::kRows - 1) / Tile::kRows;
   const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
   const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kTcWarps, tiles * turns);
   const int64_t count = mine.end - mine.first;  // this warp's turns
@@ -449,11 +494,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   int64_t staged_tile = first_tile;
   int staged_s = static_cast<int>(mine.first - first_tile * turns);
-  StageSource source = stage_source(packed, staged_tile, lane, rows, cols);
+  StageSource source = stage_source<Tile::kRows>(packed, staged_tile, lane, rows, cols);
   const auto stage_next = [&](int64_t q) {  // requests the warp's turn q (in order) into its stage
-    stage_turn<kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * kTcStageBytes, source, staged_s,
-                        rows, cols, scales, blocksize_log2, blocks, lane);
-    if (++staged_s == turns) staged_s = 0, source = stage_source(packed, ++staged_tile, lane, rows, cols);
+    stage_turn<Tile::kRows, kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes,
+                                     source, staged_s, rows, cols, scales, blocksize_log2, blocks, lane);
+    if (++staged_s == turns) staged_s = 0, source = stage_source<Tile::kRows>(packed, ++staged_tile, lane, rows, cols);
   };
   for (int q = 0; q < kTcStages - 1; ++q) {
     if (q < count) stage_next(q);
@@ -480,7 +525,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   __syncthreads();
 
   if (count <= 0) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
-    for (int i = lane; i < x_rows * kTcTileRows; i += 32) partial[warp_id * 2 * x_rows * kTcTileRows + i] = 0.0f;
+    for (int i = lane; i < x_rows * Tile::kRows; i += 32) partial[warp_id * 2 * x_rows * Tile::kRows + i] = 0.0f;
     return;
   }
   const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
@@ -497,26 +542,30 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   int64_t tile = first_tile;
   int s = static_cast<int>(mine.first - tile * turns);
   int part_begin = s;
-  float acc[kNTiles][4] = {};
+  float acc[kMTiles][kNTiles][4] = {};
 
   // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile,
   // else into the warp's slot for the tile (0: its first tile, 1: its last), which add_tile_parts_kernel adds.
   const auto flush = [&](bool whole) {
 #pragma unroll
-    for (int nt = 0; nt < kNTiles; ++nt) {
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int m = nt * 8 + 2 * t + i % 2;  // the mma's column: a row of x
-        const int r = g + (i >= 2 ? 8 : 0);     // the mma's row: a row of the tile
-        const int64_t n = tile * kTcTileRows + r;
-        if (m >= x_rows || n >= rows) continue;
-        if (whole) {
-          out[m * rows + n] = from_float<T>(bias != nullptr ? acc[nt][i] + to_float(bias[n]) : acc[nt][i]);
-        } else {
-          const int64_t slot = warp_id * 2 + (tile == first_tile ? 0 : 1);
-          partial[(slot * x_rows + m) * kTcTileRows + r] = acc[nt][i];
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int m = nt * 8 + 2 * t + i % 2;                  // the mma's column: a row of x
+          const int r = kTcMmaRows * mt + g + (i >= 2 ? 8 : 0);  // the mma's row: a row of the tile
+          const int64_t n = tile * Tile::kRows + r;
+          const float value = acc[mt][nt][i];
+          acc[mt][nt][i] = 0.0f;
+          if (m >= x_rows || n >= rows) continue;
+          if (whole) {
+            out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
+          } else {
+            const int64_t slot = warp_id * 2 + (tile == first_tile ? 0 : 1);
+            partial[(slot * x_rows + m) * Tile::kRows + r] = value;
+          }
         }
-        acc[nt][i] = 0.0f;
       }
     }
   };
@@ -529,38 +578,38 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     copy_async_commit();
     copy_async_wait<kTcStages - 1>();
     __syncwarp();
-    const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * kTcStageBytes;
-    const int64_t row_lo = (tile * kTcTileRows + g) * cols;  // (rows past the end: zeros, outputs dropped)
-    tc_gemv_turn<T, kNTiles, kNested>(stage, row_lo, row_lo + 8 * cols, s, g, t, x_lane, lut_shared, lane4,
-                                      blocksize_log2, blocks, nested, acc);
+    const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes;
+    // (the tile's rows past the end of W are zeros; their outputs are dropped)
+    tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_lane, lut_shared,
+                                               lane4, blocksize_log2, blocks, nested, acc);
     if (s + 1 == turns || q + 1 == count) flush(part_begin == 0 && s + 1 == turns);
     if (++s == turns) ++tile, s = 0, part_begin = 0;
     __syncwarp();
   }
 }
 
-// The floats tc_gemv_kernel's `partial` holds: two slots of [x_rows][16] per warp.
-int64_t tc_partial_floats(int64_t warps, int64_t x_rows) { return warps * 2 * x_rows * kTcTileRows; }
+// The floats tc_gemv_kernel's `partial` holds: two slots of [x_rows][tile_rows] per warp.
+int64_t tc_partial_floats(int64_t warps, int64_t x_rows, int tile_rows) { return warps * 2 * x_rows * tile_rows; }
 
 // For every tile that more than one warp shared: out = the warps' slots added in warp order (+ bias).
 // Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs. Of the
 // warps that share a tile, only the first can have begun in an earlier tile (slot 1); every later one
 // began in this tile (slot 0, zeros for a warp with no turns).
 template <typename T>
-__global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int64_t rows,
-                                      int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
-  const int64_t tiles = (rows + kTcTileRows - 1) / kTcTileRows;
+__global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
+                                      int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t total = tiles * turns;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t m = i / rows, n = i % rows;
-    const int64_t tile = n / kTcTileRows;
+    const int64_t tile = n / tile_rows;
     const int64_t w_begin = warp_of_turn(tile * turns, warps, total);
     const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
     if (w_begin == w_last) continue;
     const bool began_before = warp_turns(w_begin, warps, total).first < tile * turns;
-    const float* slot = partial + (m * kTcTileRows + n % kTcTileRows);  // + slot index * x_rows * 16
-    const int64_t slot_floats = int64_t{x_rows} * kTcTileRows;
+    const float* slot = partial + (m * tile_rows + n % tile_rows);  // + slot index * x_rows * tile_rows
+    const int64_t slot_floats = int64_t{x_rows} * tile_rows;
     float sum = slot[(w_begin * 2 + (began_before ? 1 : 0)) * slot_floats];
     for (int64_t w = w_begin + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
     out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
@@ -580,20 +629,20 @@ bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, 
                                         scales.nested_blocksize_log2 >= 2
                                   : is_aligned_16(scales.absmax);
   return (dtype == at::kHalf || dtype == at::kBFloat16) && props->major >= 8 &&
-         props->sharedMemPerBlockOptin >= size_t{tc_shared_bytes()} && cols % kTcTurn == 0 &&
+         props->sharedMemPerBlockOptin >= size_t{TileShape<1>::kSharedBytes} && cols % kTcTurn == 0 &&
          (int64_t{1} << spec.blocksize_log2) >= kTcStep && is_aligned_16(packed_bytes) &&
          is_aligned_16(x_2d.const_data_ptr()) && scales_aligned;
 }
 
-// Allows tc_gemv_kernel<T, kNTiles, kNested> its dynamic shared memory on the current device and returns
-// how many of its CTAs fit on one SM there; done once per device and kernel instance.
-template <typename T, int kNTiles, bool kNested>
+// Allows tc_gemv_kernel<T, kMTiles, kNTiles, kNested> its dynamic shared memory on the current device and
+// returns how many of its CTAs fit on one SM there; done once per device and kernel instance.
+template <typename T, int kMTiles, int kNTiles, bool kNested>
 int prepare_tc_kernel() {
   static std::atomic<int> resident[64] = {};
   const int device = at::cuda::current_device();
   if (device < 64 && resident[device].load() > 0) return resident[device].load();
-  const auto kernel = tc_gemv_kernel<T, kNTiles, kNested>;
-  const int shared_bytes = tc_shared_bytes();
+  const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested>;
+  const int shared_bytes = TileShape<kMTiles>::kSharedBytes;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   int ctas = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kTcWarps * 32, shared_bytes));
@@ -606,36 +655,49 @@ template <typename T>
 void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
                     cudaStream_t stream) {
-  const auto run = [&](auto n_tiles_constant, auto nested_constant) {
+  const auto run = [&](auto m_tiles_constant, auto n_tiles_constant, auto nested_constant) {
+    constexpr int kMTiles = decltype(m_tiles_constant)::value;
     constexpr int kNTiles = decltype(n_tiles_constant)::value;
     constexpr bool kNested = decltype(nested_constant)::value;
-    const int shared_bytes = tc_shared_bytes();
-    const int64_t resident = int64_t{prepare_tc_kernel<T, kNTiles, kNested>()} *
+    using Tile = TileShape<kMTiles>;
+    const int64_t resident = int64_t{prepare_tc_kernel<T, kMTiles, kNTiles, kNested>()} *
                              at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int turns = static_cast<int>(cols / kTcTurn);
-    const int64_t total = (rows + kTcTileRows - 1) / kTcTileRows * turns;
+    const int64_t total = (rows + Tile::kRows - 1) / Tile::kRows * turns;
     const int64_t grid = std::min(resident, (total + kTcWarps * kTcMinTurnsPerWarp - 1) / (kTcWarps * kTcMinTurnsPerWarp));
     const int64_t warps = grid * kTcWarps;
-    const at::Tensor partial = at::empty({tc_partial_floats(warps, x_rows)}, like.options().dtype(at::kFloat));
+    const at::Tensor partial =
+        at::empty({tc_partial_floats(warps, x_rows, Tile::kRows)}, like.options().dtype(at::kFloat));
     float* partial_data = partial.mutable_data_ptr<float>();
-    tc_gemv_kernel<T, kNTiles, kNested><<<static_cast<int>(grid), kTcWarps * 32, shared_bytes, stream>>>(
+    tc_gemv_kernel<T, kMTiles, kNTiles, kNested><<<static_cast<int>(grid), kTcWarps * 32, Tile::kSharedBytes, stream>>>(
         x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out, partial_data);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (turns > 1) {  // with one turn per tile no tile is shared
       const int64_t count = x_rows * rows;
       const int threads = 256;
       const int blocks = static_cast<int>(std::min<int64_t>((count + threads - 1) / threads, resident * 8));
-      add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial_data, warps, turns, rows, int(x_rows), bias,
-                                                               out);
+      add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial_data, warps, turns, Tile::kRows, rows,
+                                                               int(x_rows), bias, out);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
-  if (scales.nested()) {
-    x_rows <= 8 ? run(One{}, std::true_type{}) : run(Two{}, std::true_type{});
+  const auto with_nested = [&](auto m_tiles, auto n_tiles) {
+    scales.nested() ? run(m_tiles, n_tiles, std::true_type{}) : run(m_tiles, n_tiles, std::false_type{});
+  };
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  const int64_t wide_turns = (rows + TileShape<2>::kRows - 1) / TileShape<2>::kRows * (cols / kTcTurn);
+  const bool wide = x_rows >= kTcWideTileMinRows && props->sharedMemPerBlockOptin >= size_t{TileShape<2>::kSharedBytes} &&
+                    cols >= kTcWideTileMinCols &&
+                    wide_turns >= int64_t{kTcWideTileMinTurnsPerWarp} * kTcWarps * props->multiProcessorCount;
+  if (x_rows <= 8) {
+    if constexpr (kTcWideTileMinRows <= 8) {
+      if (wide) return with_nested(Two{}, One{});
+    }
+    with_nested(One{}, One{});
   } else {
-    x_rows <= 8 ? run(One{}, std::false_type{}) : run(Two{}, std::false_type{});
+    wide ? with_nested(Two{}, Two{}) : with_nested(One{}, Two{});
   }
 }
 

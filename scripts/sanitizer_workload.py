@@ -30,6 +30,25 @@ def random_weight(n, k, blocksize, nested, device="cuda", misalign=False):
     return packed.to(device), args
 
 
+def check_gemv(packed, args, rows, label):
+    """1 if nf4::gemv on `rows` rows of x misses the CPU reference (the tolerance rule), else 0."""
+    n, k = args["shape"]
+    x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+    # References on the CPU: cuBLAS's own split-K kernels trip racecheck, and only ours are on trial.
+    x_cpu, packed_cpu, bias_cpu = x.cpu(), packed.cpu(), bias.cpu()
+    args_cpu = {key: v.cpu() if isinstance(v, torch.Tensor) else v for key, v in args.items()}
+    exact = gemv_reference(x_cpu, packed_cpu, bias=bias_cpu, compute_dtype=torch.float64, **args_cpu)
+    plain = gemv_reference(x_cpu, packed_cpu, bias=bias_cpu, **args_cpu)
+    out = out.cpu()
+    err, err_plain = (out.double() - exact).abs().max(), (plain.double() - exact).abs().max()
+    if err <= 2 * err_plain + 1e-5 * max(1.0, exact.abs().max().item()):
+        return 0
+    print(f"gemv mismatch: {label} M={rows}: {err} vs {err_plain}")
+    return 1
+
+
 def main():
     failures = 0
     # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
@@ -49,19 +68,14 @@ def main():
                 failures += 1
                 print(f"dequantize mismatch: {n}x{k} bs{blocksize} nested={nested} {dtype}")
         for rows in (1, 5, 8, 12, 16):
-            x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
-            bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
-            # References on the CPU: cuBLAS's own split-K kernels trip racecheck, and only ours are on trial.
-            x_cpu, packed_cpu, bias_cpu = x.cpu(), packed.cpu(), bias.cpu()
-            args_cpu = {key: v.cpu() if isinstance(v, torch.Tensor) else v for key, v in args.items()}
-            exact = gemv_reference(x_cpu, packed_cpu, bias=bias_cpu, compute_dtype=torch.float64, **args_cpu)
-            plain = gemv_reference(x_cpu, packed_cpu, bias=bias_cpu, **args_cpu)
-            out = out.cpu()
-            err, err_plain = (out.double() - exact).abs().max(), (plain.double() - exact).abs().max()
-            if not err <= 2 * err_plain + 1e-5 * max(1.0, exact.abs().max().item()):
-                failures += 1
-                print(f"gemv mismatch: {n}x{k} bs{blocksize} nested={nested} M={rows}: {err} vs {err_plain}")
+            failures += check_gemv(packed, args, rows, f"{n}x{k} bs{blocksize} nested={nested}")
+    # The 32-row-tile kernel (9-16 rows of x on large layers, csrc/gemv.cu kTcWideTile*): a weight just large
+    # enough on a 132-SM GPU, with a last tile of 8 rows (its second m-tile wholly past W's end).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    wide_n, wide_k = 32 * (-(-6 * 16 * sms // 67) + 1) - 24, 256 * 67
+    for nested in (False, True):
+        packed, args = random_weight(wide_n, wide_k, 64, nested)
+        failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
     torch.cuda.synchronize()
     print(f"sanitizer workload: {failures} mismatches")
     raise SystemExit(1 if failures else 0)

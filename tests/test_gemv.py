@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -103,6 +105,34 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows):
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
     assert_gemv_close(torch.ops.nf4.gemv(x, packed, bias=bias, **args), x, packed, args, bias)
+
+
+def wide_tile_shape() -> tuple[int, int]:
+    """A weight that takes the 32-row-tile kernel at 9-16 rows of x (csrc/gemv.cu, kTcWideTile*: K >= 8192 and
+    at least 6 wide turns per resident warp, 16 warps per SM), with 67 turns per tile (odd, so warps' runs end
+    on either stage) and a last tile of 8 rows (its second m-tile wholly past W's end)."""
+    turns = 67
+    tiles = -(-6 * 16 * torch.cuda.get_device_properties(0).multi_processor_count // turns) + 1
+    return 32 * tiles - 24, 256 * turns
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("rows", [9, 16], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_gemv_wide_tiles(nested, rows):
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 212 * 1024:
+        pytest.skip("the 32-row-tile kernel needs 212 KB of shared memory per block")
+    shape = wide_tile_shape()
+    packed, args = weight_on("cuda", shape, "nf4", 256 if nested else 64, nested)
+    x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
+    bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        torch.cuda.synchronize()
+    kernels = {event.name for event in profile.events()}
+    # <T, kMTiles, kNTiles, kNested>: this test is about the wide tile, so it fails if the call did not take it.
+    assert any(re.search(r"tc_gemv_kernel<[^,]+, 2, 2, (true|false)>", name) for name in kernels), kernels
+    assert_gemv_close(out, x, packed, args, bias)
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
