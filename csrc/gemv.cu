@@ -446,13 +446,20 @@ struct WarpTurns {
   int64_t first, end;
 };
 
-__host__ __device__ inline WarpTurns warp_turns(int64_t w, int64_t warps, int64_t total) {
-  return WarpTurns{w * total / warps, (w + 1) * total / warps};
+// a / b for a, b >= 0, in 32 bits when the caller knows a < 2^32: a 64-bit division is a long dependent
+// chain of instructions, and the adding kernel does four per output before its loads can start.
+__host__ __device__ inline int64_t quotient(int64_t a, int64_t b, bool fits_32) {
+  return fits_32 ? int64_t{static_cast<uint32_t>(a) / static_cast<uint32_t>(b)} : a / b;
+}
+
+// fits_32: warps * total < 2^32, so every numerator below fits in 32 bits.
+__host__ __device__ inline WarpTurns warp_turns(int64_t w, int64_t warps, int64_t total, bool fits_32 = false) {
+  return WarpTurns{quotient(w * total, warps, fits_32), quotient((w + 1) * total, warps, fits_32)};
 }
 
 // The warp whose turns include turn p (the inverse of warp_turns).
-__host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_t total) {
-  return ((p + 1) * warps - 1) / total;
+__host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_t total, bool fits_32 = false) {
+  return quotient((p + 1) * warps - 1, total, fits_32);
 }
 
 // Code value `index` (0..15). (nvcc turns the selects back into one indexed read of the table, which it
@@ -598,20 +605,30 @@ int64_t tc_partial_floats(int64_t warps, int64_t x_rows, int tile_rows) { return
 template <typename T>
 __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
                                       int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  constexpr int kBatch = 8;  // parts loaded at once (small layers share a tile among up to 16 warps)
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t total = tiles * turns;
+  const bool fits_32 = total * warps < (int64_t{1} << 32) && x_rows * rows < (int64_t{1} << 32);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t m = i / rows, n = i % rows;
-    const int64_t tile = n / tile_rows;
-    const int64_t w_begin = warp_of_turn(tile * turns, warps, total);
-    const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
+    const int64_t m = quotient(i, rows, fits_32), n = i - m * rows;
+    const int64_t tile = quotient(n, tile_rows, fits_32);
+    const int64_t w_begin = warp_of_turn(tile * turns, warps, total, fits_32);
+    const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total, fits_32);
     if (w_begin == w_last) continue;
-    const bool began_before = warp_turns(w_begin, warps, total).first < tile * turns;
-    const float* slot = partial + (m * tile_rows + n % tile_rows);  // + slot index * x_rows * tile_rows
+    const bool began_before = warp_turns(w_begin, warps, total, fits_32).first < tile * turns;
+    const float* slot = partial + (m * tile_rows + n - tile * tile_rows);  // + slot index * x_rows * tile_rows
     const int64_t slot_floats = int64_t{x_rows} * tile_rows;
     float sum = slot[(w_begin * 2 + (began_before ? 1 : 0)) * slot_floats];
-    for (int64_t w = w_begin + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
+    int64_t w = w_begin + 1;
+    for (; w + kBatch <= w_last + 1; w += kBatch) {  // kBatch loads in flight, added in warp order
+      float part[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) part[j] = slot[(w + j) * 2 * slot_floats];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) sum += part[j];
+    }
+    for (; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
     out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
 }
