@@ -288,7 +288,7 @@ __device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64
 }
 
 // The warp requests turn s of its tile into the stage at shared-window address `stage`: the weight bytes as
-// 16-byte copies (8 lanes per row, 4 whole rows per instruction), and lanes 0-15 one row's scales each.
+// 16-byte copies (8 lanes per row, 4 whole rows per instruction), and lanes below kRows one row's scales each.
 // Rows past the end of W are zero-filled (nothing read); their outputs are dropped.
 template <int kRows, bool kNested>
 __device__ __forceinline__ void stage_turn(uint32_t stage, const StageSource& src, int s, int64_t rows,
