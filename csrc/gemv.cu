@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // takes lane t's elements 16t + 4j .. 16t + 4j + 3, i.e. packed bytes 2j and 2j + 1 of its 8.
 //
 // Work split (stream-K). A tile is 16 W rows (32, two mmas' M, for 9-16 rows of x on large layers: see
-// kTcWideTileMinRows) over all of K, cut into turns of 4 steps (K % 256 == 0, so a turn never straddles a
+// kTcWideTileMinCols) over all of K, cut into turns of 4 steps (K % 256 == 0, so a turn never straddles a
 // row, nor an absmax block it does not start). The tiles' turns, laid end to end,
 // are shared out evenly over every warp of a grid of resident CTAs, so each warp takes one contiguous run
 // of turns, whatever the layer's shape: no warp waits for another, and small-N layers fill the GPU too.
@@ -145,18 +145,14 @@ static_assert(kTcStages >= 2 && (kTcStages & (kTcStages - 1)) == 0, "NF4_TC_STAG
 constexpr int kTcLutEntryBytes = 256;             // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcCode2Bytes = 256 * 4;            // the nested absmax map (state2.code), fp32
-#ifndef NF4_TC_WIDE_TILE_MIN_ROWS
-#define NF4_TC_WIDE_TILE_MIN_ROWS 9
-#endif
-// From this many rows of x a warp's tile is 32 W rows (two mmas' M) instead of 16, where the GPU's shared
-// memory allows: each x fragment then feeds two mmas, which halves the x traffic per weight byte; at 9-16
-// rows a warp reads 4x as many bytes of x (from L2: 16 rows of x fit in no L1) as of weights per turn
-// with 16-row tiles (benchmarks/NOTES.md, gemv row 11).
-constexpr int kTcWideTileMinRows = NF4_TC_WIDE_TILE_MIN_ROWS;
+// At 9-16 rows of x (two n-tiles) a warp's tile is 32 W rows (two mmas' M) instead of 16, where the GPU's
+// shared memory allows: each x fragment then feeds two mmas, which halves the x traffic per weight byte;
+// with 16-row tiles a warp reads 4x as many bytes of x (from L2: 16 rows of x fit in no L1) as of weights
+// per turn. At 1-8 rows 32-row tiles were slower (benchmarks/NOTES.md, gemv row 11).
 #ifndef NF4_TC_WIDE_TILE_MIN_TURNS_PER_WARP
 #define NF4_TC_WIDE_TILE_MIN_TURNS_PER_WARP 6
 #endif
-// ... and only on layers with K >= kTcWideTileMinCols that give every resident warp at least
+// Only on layers with K >= kTcWideTileMinCols that give every resident warp at least
 // kTcWideTileMinTurnsPerWarp wide turns. Both measured on an H100 at 12 and 16 rows over the paper layers
 // (benchmarks/NOTES.md, gemv row 11): with fewer turns per warp (k/v, q/o layers) each warp's fixed costs
 // (its table share, its first turn's latency, the tile parts it shares) weigh more and 16-row tiles were
@@ -288,7 +284,8 @@ __device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64
 }
 
 // The warp requests turn s of its tile into the stage at shared-window address `stage`: the weight bytes as
-// 16-byte copies (8 lanes per row, 4 whole rows per instruction), and lanes below kRows one row's scales each.
+// 16-byte copies (8 lanes per row, 4 whole rows per instruction), and lanes below kRows one row's scales
+// each.
 // Rows past the end of W are zero-filled (nothing read); their outputs are dropped.
 template <int kRows, bool kNested>
 __device__ __forceinline__ void stage_turn(uint32_t stage, const StageSource& src, int s, int64_t rows,
@@ -446,20 +443,13 @@ struct WarpTurns {
   int64_t first, end;
 };
 
-// a / b for a, b >= 0, in 32 bits when the caller knows a < 2^32: a 64-bit division is a long dependent
-// chain of instructions, and the adding kernel does four per output before its loads can start.
-__host__ __device__ inline int64_t quotient(int64_t a, int64_t b, bool fits_32) {
-  return fits_32 ? int64_t{static_cast<uint32_t>(a) / static_cast<uint32_t>(b)} : a / b;
-}
-
-// fits_32: warps * total < 2^32, so every numerator below fits in 32 bits.
-__host__ __device__ inline WarpTurns warp_turns(int64_t w, int64_t warps, int64_t total, bool fits_32 = false) {
-  return WarpTurns{quotient(w * total, warps, fits_32), quotient((w + 1) * total, warps, fits_32)};
+__host__ __device__ inline WarpTurns warp_turns(int64_t w, int64_t warps, int64_t total) {
+  return WarpTurns{w * total / warps, (w + 1) * total / warps};
 }
 
 // The warp whose turns include turn p (the inverse of warp_turns).
-__host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_t total, bool fits_32 = false) {
-  return quotient((p + 1) * warps - 1, total, fits_32);
+__host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_t total) {
+  return ((p + 1) * warps - 1) / total;
 }
 
 // Code value `index` (0..15). (nvcc turns the selects back into one indexed read of the table, which it
@@ -605,30 +595,20 @@ int64_t tc_partial_floats(int64_t warps, int64_t x_rows, int tile_rows) { return
 template <typename T>
 __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
                                       int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
-  constexpr int kBatch = 8;  // parts loaded at once (small layers share a tile among up to 16 warps)
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t total = tiles * turns;
-  const bool fits_32 = total * warps < (int64_t{1} << 32) && x_rows * rows < (int64_t{1} << 32);
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t m = quotient(i, rows, fits_32), n = i - m * rows;
-    const int64_t tile = quotient(n, tile_rows, fits_32);
-    const int64_t w_begin = warp_of_turn(tile * turns, warps, total, fits_32);
-    const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total, fits_32);
+    const int64_t m = i / rows, n = i % rows;
+    const int64_t tile = n / tile_rows;
+    const int64_t w_begin = warp_of_turn(tile * turns, warps, total);
+    const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
     if (w_begin == w_last) continue;
-    const bool began_before = warp_turns(w_begin, warps, total, fits_32).first < tile * turns;
-    const float* slot = partial + (m * tile_rows + n - tile * tile_rows);  // + slot index * x_rows * tile_rows
+    const bool began_before = warp_turns(w_begin, warps, total).first < tile * turns;
+    const float* slot = partial + (m * tile_rows + n % tile_rows);  // + slot index * x_rows * tile_rows
     const int64_t slot_floats = int64_t{x_rows} * tile_rows;
     float sum = slot[(w_begin * 2 + (began_before ? 1 : 0)) * slot_floats];
-    int64_t w = w_begin + 1;
-    for (; w + kBatch <= w_last + 1; w += kBatch) {  // kBatch loads in flight, added in warp order
-      float part[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) part[j] = slot[(w + j) * 2 * slot_floats];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) sum += part[j];
-    }
-    for (; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
+    for (int64_t w = w_begin + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
     out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
 }
@@ -705,13 +685,10 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
   };
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   const int64_t wide_turns = (rows + TileShape<2>::kRows - 1) / TileShape<2>::kRows * (cols / kTcTurn);
-  const bool wide = x_rows >= kTcWideTileMinRows && props->sharedMemPerBlockOptin >= size_t{TileShape<2>::kSharedBytes} &&
+  const bool wide = props->sharedMemPerBlockOptin >= size_t{TileShape<2>::kSharedBytes} &&
                     cols >= kTcWideTileMinCols &&
                     wide_turns >= int64_t{kTcWideTileMinTurnsPerWarp} * kTcWarps * props->multiProcessorCount;
   if (x_rows <= 8) {
-    if constexpr (kTcWideTileMinRows <= 8) {
-      if (wide) return with_nested(Two{}, One{});
-    }
     with_nested(One{}, One{});
   } else {
     wide ? with_nested(Two{}, Two{}) : with_nested(One{}, Two{});

@@ -70,7 +70,8 @@ def main():
         for rows in (1, 5, 8, 12, 16):
             failures += check_gemv(packed, args, rows, f"{n}x{k} bs{blocksize} nested={nested}")
     # The 32-row-tile kernel (9-16 rows of x on large layers, csrc/gemv.cu kTcWideTile*): a weight just large
-    # enough on a 132-SM GPU, with a last tile of 8 rows (its second m-tile wholly past W's end).
+    # enough for this GPU's SM count (as tests/test_gemv.py wide_tile_shape, whose test checks the kernel
+    # runs), with a last tile of 8 rows (its second m-tile wholly past W's end).
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     wide_n, wide_k = 32 * (-(-6 * 16 * sms // 67) + 1) - 24, 256 * 67
     for nested in (False, True):
