@@ -266,46 +266,49 @@ __device__ __forceinline__ int stage_weight_offset(int r, int u, int t) {
   return r * kTcRowTurnBytes + ((u ^ (r & 3)) << 5) + 8 * t;
 }
 
-// Where one lane's copies for the turns of one tile of kRows rows come from (set when the staging moves to
-// a new tile): W row tile * kRows + lane / 8 + 4i (i = 0 .. kRows / 4 - 1) for the weights, row
-// tile * kRows + lane for the scales (lanes below kRows).
+// Where one lane's copies for the turns of one tile come from; set when the staging moves to a new tile and
+// advanced by one turn per staged turn. The weights go as 16-byte copies, 8 lanes per W row and 4 whole
+// 128-byte row pieces per copy instruction: lane l copies piece l % 8 of rows l / 8 + 4i. (Copies of 16
+// rows' 32-byte pieces per instruction, one pointer per lane, measured 6% slower at one row of x and 30%
+// slower at 16: benchmarks/NOTES.md, gemv row 17.)
 struct StageSource {
-  const uint8_t* weight;    // row tile * kRows + lane / 8's packed bytes at turn 0, this lane's 16-byte piece
-  int64_t scale_row_start;  // row tile * kRows + lane's first element, as a flat index
-  int64_t rows_left;        // rows - tile * kRows: the tile's rows at or past this are not there (zero-filled)
+  const uint8_t* weight;  // row tile * kRows + lane / 8's packed bytes at the next staged turn, piece lane % 8
+  int64_t scale_element;  // flat index of row tile * kRows + lane's first element of that turn (scales)
+  int rows_there;         // the tile's rows that exist (rows past the end of W are zero-filled)
 };
 
 template <int kRows>
-__device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64_t tile, int lane, int64_t rows,
-                                                    int64_t cols) {
+__device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64_t tile, int s, int lane,
+                                                    int64_t rows, int64_t cols) {
   const int64_t first_row = tile * kRows;
-  return StageSource{packed + (first_row + lane / 8) * (cols / 2) + 16 * (lane % 8), (first_row + lane) * cols,
-                     rows - first_row};
+  return StageSource{packed + (first_row + lane / 8) * (cols / 2) + int64_t{s} * kTcRowTurnBytes + 16 * (lane % 8),
+                     (first_row + lane) * cols + int64_t{s} * kTcTurn,
+                     static_cast<int>(rows - first_row < kRows ? rows - first_row : kRows)};
 }
 
-// The warp requests turn s of its tile into the stage at shared-window address `stage`: the weight bytes as
-// 16-byte copies (8 lanes per row, 4 whole rows per instruction), and lanes below kRows one row's scales
-// each.
-// Rows past the end of W are zero-filled (nothing read); their outputs are dropped.
+// The warp requests the next turn of `src` into the stage at shared-window address `stage`: the weight
+// bytes as 16-byte copies (StageSource), and lanes below kRows one row's scales each; then advances `src`
+// by one turn.
 template <int kRows, bool kNested>
-__device__ __forceinline__ void stage_turn(uint32_t stage, const StageSource& src, int s, int64_t rows,
-                                           int64_t cols, const BlockScales& scales, int blocksize_log2,
-                                           TurnBlocks blocks, int lane) {
+__device__ __forceinline__ void stage_turn(uint32_t stage, StageSource& src, int64_t rows, int64_t cols,
+                                           const BlockScales& scales, int blocksize_log2, TurnBlocks blocks,
+                                           int lane) {
   static_assert(kRows <= 32, "one lane per row copies the scales");
   const int piece = lane % 8;  // 16-byte piece of the row's 128 turn bytes
   const int64_t four_rows_bytes = 2 * cols;
-  const uint8_t* weight = src.weight + s * kTcRowTurnBytes;
+  // piece p holds turn bytes 16p .. 16p + 15, i.e. lanes 2(p % 2), +1 of step p / 2; rows lane / 8 + 4i
+  // share r % 4, so their stage offsets differ by 4i rows
+  const uint32_t first_dst = stage + stage_weight_offset(lane / 8, piece / 2, 2 * (piece % 2));
 #pragma unroll
   for (int i = 0; i < kRows / 4; ++i) {
     const int r = lane / 8 + 4 * i;
-    // piece p holds turn bytes 16p .. 16p + 15, i.e. lanes 2(p % 2), +1 of step p / 2
-    copy_async<16>(stage + stage_weight_offset(r, piece / 2, 2 * (piece % 2)), weight, r < src.rows_left ? 16 : 0);
-    weight += four_rows_bytes;
+    copy_async<16>(first_dst + 4 * i * kTcRowTurnBytes, src.weight + i * four_rows_bytes, r < src.rows_there ? 16 : 0);
   }
+  src.weight += kTcRowTurnBytes;
   if (lane < kRows) {
-    const int64_t first = (src.scale_row_start + int64_t{s} * kTcTurn) >> blocksize_log2;  // the turn's first block
+    const int64_t first = src.scale_element >> blocksize_log2;  // the turn's first block
     const uint32_t dst = stage + kRows * kTcRowTurnBytes + lane * kTcRowScaleBytes;
-    const bool there = lane < src.rows_left;
+    const bool there = lane < src.rows_there;
     if constexpr (!kNested) {
       const float* from = there ? scales.absmax + first : scales.absmax;
       if (blocks.steps_per_block_log2 == 0) {
@@ -324,6 +327,7 @@ __device__ __forceinline__ void stage_turn(uint32_t stage, const StageSource& sr
       copy_async<4>(dst + 4, scales.absmax2 + (there ? first >> scales.nested_blocksize_log2 : 0), there ? 4 : 0);
     }
   }
+  src.scale_element += kTcTurn;
 }
 
 // What the nested scales are decoded with: state2.code in shared memory and the offset.
@@ -359,19 +363,42 @@ __device__ __forceinline__ void turn_scales(const uint8_t* row_scales, int64_t r
   }
 }
 
+// Which rows of x a lane feeds to the mmas: row g (n-tile 0) and, with two n-tiles, row 8 + g. With one
+// n-tile (1-8 rows of x) a lane whose row g is past the last loads no x; with two (9-16 rows) every row g
+// exists and row 8 + g is clamped to the last row (the outputs of clamped rows are dropped).
+struct XRows {
+  bool there;             // one n-tile: row g exists
+  int64_t second_offset;  // two n-tiles: elements from row g to the (clamped) row 8 + g
+};
+
+// 16 bytes through the read-only path when `there`; otherwise no load, and the result is unspecified (the
+// callers drop every output it feeds: an mma's column n of x feeds only column n of the result).
+__device__ __forceinline__ uint4 load_16_if(bool there, const uint4* from) {
+  uint4 v;
+  asm("{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%5];\n}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "r"(int{there}), "l"(from));
+  return v;
+}
+
 // One 64-element step of one tile: for each of its kMTiles mmas' 16 W rows, 4 k-tiles into fresh fp32 sums,
-// then acc += absmax * sums per W row. Each x fragment is loaded once and feeds every m-tile.
+// then acc += absmax * sums per W row. Each x fragment is loaded once and feeds every m-tile; a lane whose
+// x row does not exist loads nothing (its outputs are dropped).
 template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void tc_gemv_step(const uint2 (&w_lo)[kMTiles], const uint2 (&w_hi)[kMTiles],
                                              const float (&scale_lo)[kMTiles], const float (&scale_hi)[kMTiles],
-                                             const T* const (&x_lane)[kNTiles], int64_t k0, uint32_t lut,
-                                             uint32_t lane4, float (&acc)[kMTiles][kNTiles][4]) {
+                                             const T* x_step, const XRows& x_rows, uint32_t lut, uint32_t lane4,
+                                             float (&acc)[kMTiles][kNTiles][4]) {
   uint4 xv[kNTiles][2];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    const uint4* x16 = reinterpret_cast<const uint4*>(x_lane[nt] + k0);
-    xv[nt][0] = __ldg(x16);
-    xv[nt][1] = __ldg(x16 + 1);
+  const uint4* x16 = reinterpret_cast<const uint4*>(x_step);
+  if constexpr (kNTiles == 1) {
+    xv[0][0] = load_16_if(x_rows.there, x16);
+    xv[0][1] = load_16_if(x_rows.there, x16 + 1);
+  } else {
+    static_assert(kNTiles == 2, "at most 16 rows of x");
+    const uint4* x16_second = reinterpret_cast<const uint4*>(x_step + x_rows.second_offset);
+    xv[0][0] = __ldg(x16), xv[0][1] = __ldg(x16 + 1);
+    xv[1][0] = __ldg(x16_second), xv[1][1] = __ldg(x16_second + 1);
   }
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
@@ -405,12 +432,12 @@ __device__ __forceinline__ void tc_gemv_step(const uint2 (&w_lo)[kMTiles], const
 }
 
 // Decodes turn s of the lane's rows 16mt + g and 16mt + g + 8 of the tile (whose row 0 starts at flat
-// element tile_start) from `stage`.
+// element tile_start) from `stage`; x_turn points at the turn's first x element of the lane's x row g.
 template <typename T, int kMTiles, int kNTiles, bool kNested>
 __device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, int64_t tile_start, int64_t cols, int s, int g,
-                                             int t, const T* const (&x_lane)[kNTiles], uint32_t lut, uint32_t lane4,
-                                             int blocksize_log2, TurnBlocks blocks, const NestedDecode& nested,
-                                             float (&acc)[kMTiles][kNTiles][4]) {
+                                             int t, const T* x_turn, const XRows& x_rows,
+                                             uint32_t lut, uint32_t lane4, int blocksize_log2, TurnBlocks blocks,
+                                             const NestedDecode& nested, float (&acc)[kMTiles][kNTiles][4]) {
   float scale_lo[kMTiles][kTcTurnSteps], scale_hi[kMTiles][kTcTurnSteps];
   const uint8_t* stage_scales = stage + TileShape<kMTiles>::kStageWeightBytes;
 #pragma unroll
@@ -432,8 +459,7 @@ __device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, int64_t tile_
       w_hi[mt] = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(r + 8, u, t));
       step_lo[mt] = scale_lo[mt][u], step_hi[mt] = scale_hi[mt][u];
     }
-    tc_gemv_step<T, kMTiles, kNTiles>(w_lo, w_hi, step_lo, step_hi, x_lane, int64_t{s} * kTcTurn + u * kTcStep, lut,
-                                      lane4, acc);
+    tc_gemv_step<T, kMTiles, kNTiles>(w_lo, w_hi, step_lo, step_hi, x_turn + u * kTcStep, x_rows, lut, lane4, acc);
   }
 }
 
@@ -491,11 +517,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   int64_t staged_tile = first_tile;
   int staged_s = static_cast<int>(mine.first - first_tile * turns);
-  StageSource source = stage_source<Tile::kRows>(packed, staged_tile, lane, rows, cols);
+  StageSource source = stage_source<Tile::kRows>(packed, staged_tile, staged_s, lane, rows, cols);
   const auto stage_next = [&](int64_t q) {  // requests the warp's turn q (in order) into its stage
     stage_turn<Tile::kRows, kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes,
-                                     source, staged_s, rows, cols, scales, blocksize_log2, blocks, lane);
-    if (++staged_s == turns) staged_s = 0, source = stage_source<Tile::kRows>(packed, ++staged_tile, lane, rows, cols);
+                                     source, rows, cols, scales, blocksize_log2, blocks, lane);
+    if (++staged_s == turns) staged_s = 0, source = stage_source<Tile::kRows>(packed, ++staged_tile, 0, lane, rows, cols);
   };
   for (int q = 0; q < kTcStages - 1; ++q) {
     if (q < count) stage_next(q);
@@ -527,18 +553,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   }
   const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const uint32_t lane4 = 4 * lane;
-  // This lane's x rows (one per n-tile); rows past x_rows read the last row and their outputs are dropped.
-  const T* x_lane[kNTiles];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    const int m = nt * 8 + g < x_rows ? nt * 8 + g : x_rows - 1;
-    x_lane[nt] = x + m * cols + 16 * t;
-  }
-
   // Where the warp is: turn `s` of tile `tile`; the warp's part of the tile began at turn `part_begin`.
   int64_t tile = first_tile;
   int s = static_cast<int>(mine.first - tile * turns);
   int part_begin = s;
+  // This lane's x row g at turn s (the host takes one n-tile for x_rows <= 8, two above: XRows).
+  const int x_row = g < x_rows ? g : 0;
+  const T* x_turn = x + x_row * cols + 16 * t + int64_t{s} * kTcTurn;
+  const XRows x_lane{g < x_rows, ((8 + g < x_rows ? 8 + g : x_rows - 1) - x_row) * cols};
   float acc[kMTiles][kNTiles][4] = {};
 
   // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile,
@@ -577,10 +599,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     __syncwarp();
     const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes;
     // (the tile's rows past the end of W are zeros; their outputs are dropped)
-    tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_lane, lut_shared,
-                                               lane4, blocksize_log2, blocks, nested, acc);
+    tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_turn, x_lane,
+                                               lut_shared, lane4, blocksize_log2, blocks, nested, acc);
     if (s + 1 == turns || q + 1 == count) flush(part_begin == 0 && s + 1 == turns);
-    if (++s == turns) ++tile, s = 0, part_begin = 0;
+    x_turn += kTcTurn;
+    if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;
     __syncwarp();
   }
 }
