@@ -188,14 +188,17 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
     return row
 
 
-CROSSOVER_LAYERS = [Layer("llama3.3-70b", "gate/up", 28672, 8192), Layer("llama3.3-70b", "kv", 1024, 8192)]
-CROSSOVER_ROWS = [1, 2, 4, 8, 12, 16, 17, 24, 32, 48, 64, 96, 128, 192, 256]
+# One layer from each size band of kTensorCoreGemvRowLimits (csrc/ops.h), and the rows on either side of the
+# bands' limits (16, 32, 48, 64).
+CROSSOVER_LAYERS = [Layer("llama3.3-70b", "gate/up", 28672, 8192), Layer("llama3.3-70b", "q", 8192, 8192),
+                    Layer("gemma-27b", "q", 4096, 5376), Layer("llama3.3-70b", "kv", 1024, 8192)]  # fmt: skip
+CROSSOVER_ROWS = [1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 49, 64, 65, 96, 128, 256]
 
 
 def bench_crossover(layer: Layer, row_counts: list[int], bnb) -> list[dict]:
     """nf4::gemv (which picks its fused kernel or dequantize + cuBLAS by the rows of x), the two paths it
     chooses between (dequantize into a preallocated buffer + cuBLAS), bitsandbytes and cuBLAS bf16, for
-    each row count: the curve that sets kTensorCoreGemvMaxRows."""
+    each row count: the curve that sets kTensorCoreGemvRowLimits."""
     import bitsandbytes.functional as bnbf
 
     weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
@@ -229,8 +232,10 @@ def plot_crossover(curves: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(curves), figsize=(7 * len(curves), 4.5), squeeze=False)
-    for ax, curve in zip(axes[0], curves):
+    columns = min(2, len(curves))
+    grid_rows = -(-len(curves) // columns)
+    fig, axes = plt.subplots(grid_rows, columns, figsize=(7 * columns, 4.5 * grid_rows), squeeze=False)
+    for ax, curve in zip(axes.flat, curves):
         ms = [p["rows"] for p in curve["points"]]
         for key, label in [("nf4ops_gemv", "nf4::gemv"), ("nf4ops_dequantize_cublas", "nf4 dequantize + cuBLAS"),
                            ("bnb", "bitsandbytes matmul_4bit"), ("cublas_bf16", "cuBLAS bf16")]:  # fmt: skip

@@ -135,7 +135,7 @@ def readme_section(results: dict, json_path: str) -> str:
         gemv_table(results),
         "",
         "**Rows of x**: where `nf4::gemv` switches from its fused kernel to dequantize + cuBLAS "
-        "(`kTensorCoreGemvMaxRows`, csrc/ops.h):",
+        "(`kTensorCoreGemvRowLimits`, csrc/ops.h):",
         "",
         crossover_table(results),
         END,

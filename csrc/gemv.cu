@@ -1,6 +1,6 @@
 // nf4::gemv on CUDA, three paths chosen per call by the crossover constants in ops.h:
-//  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x of up to kTensorCoreGemvMaxRows rows
-//    on sm_80+, when the shape and alignment allow;
+//  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
+//    allow, of up to tensor_core_gemv_max_rows(N, K) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
 //    decodes that row once and dots it with every row of x, accumulating in fp32;
 //  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
@@ -711,6 +711,7 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
   const bool wide = props->sharedMemPerBlockOptin >= size_t{TileShape<2>::kSharedBytes} &&
                     cols >= kTcWideTileMinCols &&
                     wide_turns >= int64_t{kTcWideTileMinTurnsPerWarp} * kTcWarps * props->multiProcessorCount;
+  TORCH_INTERNAL_ASSERT(x_rows >= 1 && x_rows <= kTensorCoreGemvLaunchRows);
   if (x_rows <= 8) {
     with_nested(One{}, One{});
   } else {
@@ -733,7 +734,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
 
-  if (x_rows > (tensor_cores ? kTensorCoreGemvMaxRows : kFusedGemvMaxRows)) {
+  if (x_rows > (tensor_cores ? tensor_core_gemv_max_rows(rows, cols) : kFusedGemvMaxRows)) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
                                          nested_absmax, nested_code, nested_offset, nested_blocksize);
     return at::linear(x_2d, w, bias).reshape_symint(out_shape);
@@ -750,8 +751,12 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
     if constexpr (!std::is_same_v<T, float>) {
-      if (tensor_cores) {
-        launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, x_rows, bias_data, out_data, out, stream);
+      if (tensor_cores) {  // one launch per kTensorCoreGemvLaunchRows rows of x (ops.h says when that pays)
+        for (int64_t first = 0; first < x_rows; first += kTensorCoreGemvLaunchRows) {
+          const int64_t launch_rows = std::min(kTensorCoreGemvLaunchRows, x_rows - first);
+          launch_tc_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, launch_rows, bias_data,
+                            out_data + first * rows, out, stream);
+        }
         return;
       }
     }

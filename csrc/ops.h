@@ -81,12 +81,38 @@ void dequantize_out_cuda(NF4_DEQUANTIZE_PARAMS, at::Tensor& out);
 at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
 
 // The crossover between gemv's fused kernels and dequantize + dense matmul (cuBLAS on CUDA, at::linear
-// on the CPU): above this many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
-// because W is then reused by enough rows that a matrix-matrix product wins. This is the one place it is
-// set; the rows-of-x sweep of benchmarks/bench_kernels.py measures it (README, "Performance").
+// on the CPU): above these many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
+// because W is then reused by enough rows that a matrix-matrix product wins. This is the one place they
+// are set; benchmarks/NOTES.md (gemv row 18) and the rows-of-x sweep of benchmarks/bench_kernels.py
+// measure them (README, "Performance").
 //  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x, or shapes the tensor-core kernel cannot take):
 constexpr int64_t kFusedGemvMaxRows = 8;
-//  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 256 == 0, blocksize >= 64):
-constexpr int64_t kTensorCoreGemvMaxRows = 16;
+//  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 256 == 0, blocksize >= 64) takes up to
+//    kTensorCoreGemvLaunchRows rows of x per launch (two mma n-tiles of 8), and more rows in launches of
+//    that many, each of which reads all of W again. A launch on a large W runs near the memory bandwidth
+//    and dequantize + cuBLAS costs ~4 of them (it writes and reads W in 16 bits), on a small W a launch is
+//    latency-bound and costs about as much as dequantize + cuBLAS: so how many launches pay depends on the
+//    size of W. Measured on an H100 (sm_90; NOTES gemv row 18) on the paper's 15 layer shapes, each limit
+//    below is the largest row count at which the launches were faster there; other GPUs use the same table.
+constexpr int64_t kTensorCoreGemvLaunchRows = 16;
+struct TensorCoreGemvRowLimit {
+  int64_t min_packed_mib;  // from this size of the packed W (N * K / 2 bytes, in MiB) ...
+  int64_t max_rows;        // ... x of up to this many rows takes the tensor-core kernel
+};
+constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimits[] = {
+    {0, 16},    // Llama / Qwen k/v (2.5-4 MiB): one launch is about dequantize + cuBLAS's time
+    {10, 32},   // Gemma q/o (10.5 MiB): two launches 5% faster, three 35% slower
+    {16, 48},   // Qwen / Llama q/o (20-32 MiB), Gemma and Qwen gate/up and down (55-63 MiB)
+    {100, 64},  // Llama gate/up and down (112 MiB): four launches 7% faster
+};
+
+inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols) {
+  const int64_t packed_mib = rows * cols / 2 / (int64_t{1} << 20);
+  int64_t max_rows = 0;
+  for (const TensorCoreGemvRowLimit& limit : kTensorCoreGemvRowLimits) {
+    if (packed_mib >= limit.min_packed_mib) max_rows = limit.max_rows;
+  }
+  return max_rows;
+}
 
 }  // namespace nf4

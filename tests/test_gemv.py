@@ -13,7 +13,7 @@ from conftest import (
 )  # fmt: skip
 
 # Rows of x on each side of the fused / dense boundaries (csrc/ops.h: kFusedGemvMaxRows = 8 for the CPU and
-# CUDA-core kernels, kTensorCoreGemvMaxRows = 16 for the tensor-core kernel, whose n-tiles hold 8 rows).
+# CUDA-core kernels, 16 for the tensor-core kernel on a W this small, whose n-tiles hold 8 rows).
 ROW_COUNTS = [0, 1, 3, 8, 9, 16, 17, 33]
 SHAPES = {
     "k_multiple_of_256": (48, 512),  # the tensor-core kernel for fp16 / bf16 x on CUDA; vectorised otherwise
@@ -132,6 +132,35 @@ def test_gemv_wide_tiles(nested, rows):
     kernels = {event.name for event in profile.events()}
     # <T, kMTiles, kNTiles, kNested>: this test is about the wide tile, so it fails if the call did not take it.
     assert any(re.search(r"tc_gemv_kernel<[^,]+, 2, 2, (true|false)>", name) for name in kernels), kernels
+    assert_gemv_close(out, x, packed, args, bias)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_gemv_tensor_core_launches(nested, dtype):
+    """More rows of x than one tensor-core launch takes (16), on a W large enough for several launches
+    (csrc/ops.h, kTensorCoreGemvRowLimits: up to 48 rows from 16 MiB of packed W): every launch's rows equal
+    that launch made alone, bit for bit, and one row more than the limit takes dequantize + cuBLAS."""
+    shape = (8200, 4096)  # 16.02 MiB packed
+    packed, args = weight_on("cuda", shape, "nf4", 64, nested)
+    x = random_x((49, shape[1]), dtype, "cuda")
+    bias = random_x((shape[0],), dtype, "cuda", seed=6)
+    for rows in (17, 40, 48):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
+            torch.cuda.synchronize()
+        launches = [event for event in profile.events() if "tc_gemv_kernel" in event.name]
+        assert len(launches) == -(-rows // 16), [event.name for event in profile.events()]
+        assert_gemv_close(out, x[:rows], packed, args, bias)
+        for first in range(0, rows, 16):
+            alone = torch.ops.nf4.gemv(x[first : min(first + 16, rows)], packed, bias=bias, **args)
+            assert torch.equal(out[first : first + 16], alone), f"rows {first}.. of {rows}"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        torch.cuda.synchronize()
+    names = [event.name for event in profile.events()]
+    assert not any("tc_gemv_kernel" in name for name in names) and any("dequantize" in name for name in names), names
     assert_gemv_close(out, x, packed, args, bias)
 
 
