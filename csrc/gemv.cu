@@ -125,8 +125,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // while it decodes one turn, the next ones (the next tile's first turns included) are in flight, whole
 // 128-byte row pieces per copy instruction, without registers to hold them. A tile that
 // one warp takes whole goes straight to the output; the parts of a tile that several warps share go to
-// fp32 slots, which a second kernel adds in warp order. Every order is fixed, so the result is the same
-// on every run.
+// fp32 slots, which a second kernel adds in warp order. Small-N layers (no more tiles than resident CTAs,
+// and few turns per tile: tc_cta_per_tile) take one CTA per tile instead: the same split with the grid
+// cut to one CTA per tile keeps each tile's warps in one CTA, and they add their parts in shared memory,
+// so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Every order is fixed, so the
+// result is the same on every run.
 constexpr int kTcWarps = 16;                      // warps per CTA, one CTA per SM (they share one table)
 constexpr int kTcMmaRows = 16;                    // W rows per mma (its M); a tile is kMTiles of them
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
@@ -488,10 +491,53 @@ __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
   return value;
 }
 
+// The end of tc_gemv_kernel with one CTA per tile (tile blockIdx.x, shared out over the CTA's warps): each
+// warp puts its sums (zeros if it had no turns) into its own ring of stages, whose copies have all landed,
+// as [x row][tile row] fp32; then the CTA adds the warps' parts in warp order, adds the bias, and writes
+// the tile's outputs.
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], uint8_t* rings, int64_t rows,
+                                               int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  using Tile = TileShape<kMTiles>;
+  constexpr int kRingBytes = kTcStages * Tile::kStageBytes;
+  static_assert(8 * kNTiles * Tile::kRows * sizeof(float) <= kRingBytes, "a warp's part fits in its ring");
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  copy_async_wait<0>();
+  __syncwarp();
+  float* part = reinterpret_cast<float*>(rings + (threadIdx.x / 32) * kRingBytes);
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int m = nt * 8 + 2 * t + i % 2;                  // the mma's column: a row of x
+        const int r = kTcMmaRows * mt + g + (i >= 2 ? 8 : 0);  // the mma's row: a row of the tile
+        if (m < x_rows) part[m * Tile::kRows + r] = acc[mt][nt][i];
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t first_row = int64_t{blockIdx.x} * Tile::kRows;
+  for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
+    const int m = i / Tile::kRows, r = i % Tile::kRows;
+    if (first_row + r >= rows) continue;
+    float sum = reinterpret_cast<const float*>(rings)[i];
+#pragma unroll
+    for (int w = 1; w < kTcWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
+    const int64_t n = first_row + r;
+    out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+  }
+}
+
 // Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed and x 16-byte
 // aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
-// 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][tile rows] fp32 slots per warp (tc_partial_floats).
-template <typename T, int kMTiles, int kNTiles, bool kNested>
+// 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][tile rows] fp32 slots per warp (tc_partial_floats);
+// with kCtaPerTile (grid = the number of tiles, CTA c takes tile c) it is unused and may be null.
+// (kCtaPerTile is a template argument, not a runtime flag, because the flag cost the 1-n-tile loop two more
+// register spills.)
+template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 __global__ void __launch_bounds__(kTcWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
@@ -547,7 +593,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   if constexpr (kNested) nested.offset = *scales.offset;
   __syncthreads();
 
-  if (count <= 0) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
+  if (count <= 0 && !kCtaPerTile) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
     for (int i = lane; i < x_rows * Tile::kRows; i += 32) partial[warp_id * 2 * x_rows * Tile::kRows + i] = 0.0f;
     return;
   }
@@ -601,15 +647,25 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     // (the tile's rows past the end of W are zeros; their outputs are dropped)
     tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_turn, x_lane,
                                                lut_shared, lane4, blocksize_log2, blocks, nested, acc);
-    if (s + 1 == turns || q + 1 == count) flush(part_begin == 0 && s + 1 == turns);
+    if (!kCtaPerTile && (s + 1 == turns || q + 1 == count)) flush(part_begin == 0 && s + 1 == turns);
     x_turn += kTcTurn;
     if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;
     __syncwarp();
   }
+  if constexpr (kCtaPerTile) add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared + kTcLutBytes + kTcCode2Bytes, rows, x_rows,
+                                                        bias, out);
 }
 
 // The floats tc_gemv_kernel's `partial` holds: two slots of [x_rows][tile_rows] per warp.
 int64_t tc_partial_floats(int64_t warps, int64_t x_rows, int tile_rows) { return warps * 2 * x_rows * tile_rows; }
+
+// Whether tc_gemv_kernel runs one CTA per tile: when every tile gets its own resident CTA, and a tile's turns
+// are few enough (at most kTcMinTurnsPerWarp per warp of one CTA) that the stream-K grid would have no more
+// CTAs than there are tiles, so one CTA per tile loses no parallelism. With warps = 16 * tiles, the stream-K
+// split (warp_turns) gives CTA c's warps exactly tile c's turns.
+bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
+  return tiles <= resident_ctas && turns <= kTcWarps * kTcMinTurnsPerWarp;
+}
 
 // For every tile that more than one warp shared: out = the warps' slots added in warp order (+ bias).
 // Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs. Of the
@@ -654,14 +710,14 @@ bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, 
          is_aligned_16(x_2d.const_data_ptr()) && scales_aligned;
 }
 
-// Allows tc_gemv_kernel<T, kMTiles, kNTiles, kNested> its dynamic shared memory on the current device and
-// returns how many of its CTAs fit on one SM there; done once per device and kernel instance.
-template <typename T, int kMTiles, int kNTiles, bool kNested>
+// Allows tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile> its dynamic shared memory on the current
+// device and returns how many of its CTAs fit on one SM there; done once per device and kernel instance.
+template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 int prepare_tc_kernel() {
   static std::atomic<int> resident[64] = {};
   const int device = at::cuda::current_device();
   if (device < 64 && resident[device].load() > 0) return resident[device].load();
-  const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested>;
+  const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>;
   const int shared_bytes = TileShape<kMTiles>::kSharedBytes;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
   int ctas = 0;
@@ -680,19 +736,38 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     constexpr int kNTiles = decltype(n_tiles_constant)::value;
     constexpr bool kNested = decltype(nested_constant)::value;
     using Tile = TileShape<kMTiles>;
-    const int64_t resident = int64_t{prepare_tc_kernel<T, kMTiles, kNTiles, kNested>()} *
+    const int64_t resident = int64_t{prepare_tc_kernel<T, kMTiles, kNTiles, kNested, false>()} *
                              at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int turns = static_cast<int>(cols / kTcTurn);
-    const int64_t total = (rows + Tile::kRows - 1) / Tile::kRows * turns;
-    const int64_t grid = std::min(resident, (total + kTcWarps * kTcMinTurnsPerWarp - 1) / (kTcWarps * kTcMinTurnsPerWarp));
+    const int64_t tiles = (rows + Tile::kRows - 1) / Tile::kRows;
+    const int64_t total = tiles * turns;
+    // (only 16-row tiles: 32-row ones are chosen for layers with many more turns per resident warp)
+    const bool cta_per_tile = kMTiles == 1 && tc_cta_per_tile(tiles, turns, resident);
+    const int64_t grid = cta_per_tile ? tiles
+                                      : std::min(resident, (total + kTcWarps * kTcMinTurnsPerWarp - 1) /
+                                                               (kTcWarps * kTcMinTurnsPerWarp));
     const int64_t warps = grid * kTcWarps;
-    const at::Tensor partial =
-        at::empty({tc_partial_floats(warps, x_rows, Tile::kRows)}, like.options().dtype(at::kFloat));
-    float* partial_data = partial.mutable_data_ptr<float>();
-    tc_gemv_kernel<T, kMTiles, kNTiles, kNested><<<static_cast<int>(grid), kTcWarps * 32, Tile::kSharedBytes, stream>>>(
-        x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out, partial_data);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (turns > 1) {  // with one turn per tile no tile is shared
+    at::Tensor partial;
+    float* partial_data = nullptr;
+    if (!cta_per_tile) {
+      partial = at::empty({tc_partial_floats(warps, x_rows, Tile::kRows)}, like.options().dtype(at::kFloat));
+      partial_data = partial.mutable_data_ptr<float>();
+    }
+    const auto launch = [&](auto cta_per_tile_constant) {
+      constexpr bool kCtaPerTile = decltype(cta_per_tile_constant)::value;
+      if constexpr (kCtaPerTile) prepare_tc_kernel<T, kMTiles, kNTiles, kNested, true>();
+      tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>
+          <<<static_cast<int>(grid), kTcWarps * 32, Tile::kSharedBytes, stream>>>(
+              x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out,
+              partial_data);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    if constexpr (kMTiles == 1) {
+      cta_per_tile ? launch(std::true_type{}) : launch(std::false_type{});
+    } else {
+      launch(std::false_type{});
+    }
+    if (!cta_per_tile && turns > 1) {  // with one turn per tile no tile is shared
       const int64_t count = x_rows * rows;
       const int threads = 256;
       const int blocks = static_cast<int>(std::min<int64_t>((count + threads - 1) / threads, resident * 8));

@@ -82,16 +82,20 @@ def test_gemv_non_contiguous_x(rows, device):
     assert_gemv_close(torch.ops.nf4.gemv(x_sliced, packed, **args), x_sliced, packed, args)
 
 
-# Shapes that reach every path of the tensor-core kernel (csrc/gemv.cu): more 16-row tiles than warps, so
-# warps' runs of turns (and their staged copies) cross tiles, with a last tile of 8 rows (rows past W's end
-# are zero-filled) and an odd 17 turns per tile, so runs end on either stage of the ring; few rows with a
-# long K, so several warps share each tile and a second kernel adds their fp32 parts; and 12 turns in all
-# (3 tiles x 4) for one CTA's 16 warps, so that some warps get none. Each with its own blocksize: one, two
-# and four absmax blocks per turn are three ways of copying and reading the scales.
-TENSOR_CORE_SHAPES = {
-    "many_tiles": ((16 * 900 + 8, 256 * 17), 256),
-    "k_slices": ((40, 256 * 17), 64),
-    "few_turns": ((40, 1024), 128),
+# Shapes that reach every path of the tensor-core kernel (csrc/gemv.cu), each with the second kernel that
+# adds shared tiles' parts launched or not. Stream-K: more 16-row tiles than warps, so warps' runs of turns
+# (and their staged copies) cross tiles, with a last tile of 8 rows (rows past W's end are zero-filled) and
+# an odd 17 turns per tile, so runs end on either stage of the ring; few rows with a long K (67 turns per
+# tile, more than one CTA per tile takes), so several warps share each tile and the second kernel adds their
+# fp32 parts. One CTA per tile (tc_cta_per_tile: no more tiles than SMs, at most 32 turns per tile), whose
+# warps add their parts in shared memory: 61 tiles of 21 turns (some warps take 2, some 1), the last of 8
+# rows; and 12 turns in all (3 tiles x 4), so that most warps get none. Each with its own blocksize: one,
+# two and four absmax blocks per turn are three ways of copying and reading the scales.
+TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel runs)
+    "many_tiles": ((16 * 900 + 8, 256 * 17), 256, True),
+    "k_slices": ((40, 256 * 67), 64, True),
+    "cta_per_tile": ((16 * 60 + 8, 256 * 21), 64, False),
+    "few_turns": ((40, 1024), 128, False),
 }
 
 
@@ -100,11 +104,17 @@ TENSOR_CORE_SHAPES = {
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize("shape_name", list(TENSOR_CORE_SHAPES))
 def test_gemv_tensor_core_tiling(shape_name, nested, rows):
-    shape, blocksize = TENSOR_CORE_SHAPES[shape_name]
+    shape, blocksize, adds_parts = TENSOR_CORE_SHAPES[shape_name]
     packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
-    assert_gemv_close(torch.ops.nf4.gemv(x, packed, bias=bias, **args), x, packed, args, bias)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        torch.cuda.synchronize()
+    names = [event.name for event in profile.events()]
+    assert sum("tc_gemv_kernel" in name for name in names) == 1, names
+    assert any("add_tile_parts_kernel" in name for name in names) == adds_parts, names
+    assert_gemv_close(out, x, packed, args, bias)
 
 
 def wide_tile_shape() -> tuple[int, int]:
@@ -130,8 +140,9 @@ def test_gemv_wide_tiles(nested, rows):
         out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
         torch.cuda.synchronize()
     kernels = {event.name for event in profile.events()}
-    # <T, kMTiles, kNTiles, kNested>: this test is about the wide tile, so it fails if the call did not take it.
-    assert any(re.search(r"tc_gemv_kernel<[^,]+, 2, 2, (true|false)>", name) for name in kernels), kernels
+    # <T, kMTiles, kNTiles, kNested, kCtaPerTile>: this test is about the wide tile, so it fails if the call did
+    # not take it.
+    assert any(re.search(r"tc_gemv_kernel<[^,]+, 2, 2, (true|false), false>", name) for name in kernels), kernels
     assert_gemv_close(out, x, packed, args, bias)
 
 
@@ -166,7 +177,8 @@ def test_gemv_tensor_core_launches(nested, dtype):
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_gemv_is_deterministic(device):
-    for shape in [(256, 1024), (40, 4352)]:  # the second cuts K into slices on CUDA
+    # on CUDA: one CTA per tile, and tiles shared by several CTAs' warps (csrc/gemv.cu)
+    for shape in [(256, 1024), (40, 4352), (40, 256 * 67)]:
         packed, args = weight_on(device, shape, "nf4", 64, True)
         x = random_x((4, shape[1]), torch.bfloat16, device)
         first = torch.ops.nf4.gemv(x, packed, **args)
