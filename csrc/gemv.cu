@@ -1,6 +1,6 @@
 // nf4::gemv on CUDA, three paths chosen per call by the crossover constants in ops.h:
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
-//    allow, of up to tensor_core_gemv_max_rows(N, K) rows, kTensorCoreGemvLaunchRows per launch;
+//    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
 //    decodes that row once and dots it with every row of x, accumulating in fp32;
 //  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
@@ -727,6 +727,20 @@ int prepare_tc_kernel() {
   return ctas;
 }
 
+// The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
+// picks the crossover table in ops.h; read once per device.
+int64_t peak_memory_GBps() {
+  static std::atomic<int64_t> peak[64] = {};
+  const int device = at::cuda::current_device();
+  if (device < 64 && peak[device].load() > 0) return peak[device].load();
+  int clock_khz = 0, bus_bits = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+  const int64_t value = 2 * int64_t{clock_khz} * (bus_bits / 8) / 1000000;
+  if (device < 64) peak[device].store(value);
+  return value;
+}
+
 template <typename T>
 void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
@@ -809,7 +823,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
 
-  if (x_rows > (tensor_cores ? tensor_core_gemv_max_rows(rows, cols) : kFusedGemvMaxRows)) {
+  if (x_rows > (tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps()) : kFusedGemvMaxRows)) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
                                          nested_absmax, nested_code, nested_offset, nested_blocksize);
     return at::linear(x_2d, w, bias).reshape_symint(out_shape);

@@ -83,7 +83,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
 // The crossover between gemv's fused kernels and dequantize + dense matmul (cuBLAS on CUDA, at::linear
 // on the CPU): above these many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
 // because W is then reused by enough rows that a matrix-matrix product wins. This is the one place they
-// are set; benchmarks/NOTES.md (gemv row 18) and the rows-of-x sweep of benchmarks/bench_kernels.py
+// are set; benchmarks/NOTES.md (gemv rows 18 and 20) and the rows-of-x sweep of benchmarks/bench_kernels.py
 // measure them (README, "Performance").
 //  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x, or shapes the tensor-core kernel cannot take):
 constexpr int64_t kFusedGemvMaxRows = 8;
@@ -92,25 +92,44 @@ constexpr int64_t kFusedGemvMaxRows = 8;
 //    that many, each of which reads all of W again. A launch on a large W runs near the memory bandwidth
 //    and dequantize + cuBLAS costs ~4 of them (it writes and reads W in 16 bits), on a small W a launch is
 //    latency-bound and costs about as much as dequantize + cuBLAS: so how many launches pay depends on the
-//    size of W. Measured on an H100 (sm_90; NOTES gemv row 18) on the paper's 15 layer shapes, each limit
-//    below is the largest row count at which the launches were faster there; other GPUs use the same table.
+//    size of W, and on the GPU's memory: the launches are limited by the decode's issue rate more than by
+//    the memory (62-75% of the read ceiling on an H100, 54-68% on an H200), dequantize + cuBLAS by the
+//    memory, so on faster memory dequantize + cuBLAS catches up sooner. Each limit below is the largest row
+//    count at which the launches were faster, measured per memory class on the paper's layer shapes
+//    (NOTES gemv rows 18 and 20); the class is the peak DRAM bandwidth from the device's memory clock and
+//    bus width. GPUs other than these two use the class their bandwidth falls in.
 constexpr int64_t kTensorCoreGemvLaunchRows = 16;
 struct TensorCoreGemvRowLimit {
   int64_t min_packed_mib;  // from this size of the packed W (N * K / 2 bytes, in MiB) ...
   int64_t max_rows;        // ... x of up to this many rows takes the tensor-core kernel
 };
+// Measured on an H100 SXM (HBM3, 3.35 TB/s peak):
 constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimits[] = {
     {0, 16},    // Llama / Qwen k/v (2.5-4 MiB): one launch is about dequantize + cuBLAS's time
     {10, 32},   // Gemma q/o (10.5 MiB): two launches 5% faster, three 35% slower
     {16, 48},   // Qwen / Llama q/o (20-32 MiB), Gemma and Qwen gate/up and down (55-63 MiB)
     {100, 64},  // Llama gate/up and down (112 MiB): four launches 7% faster
 };
+// From this peak bandwidth on, the next table. Measured on an H200 (HBM3e, 4.8 TB/s peak):
+constexpr int64_t kFastMemoryMinPeakGBps = 4000;
+constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
+    {0, 16},    // k/v; Gemma q/o (10.5 MiB): two launches 1-6% faster at 17-24 rows, 7% slower at 32
+    {16, 32},   // Llama q/o (32 MiB): three launches 10% faster at 33 rows, 3% slower at 48
+    {100, 48},  // Llama gate/up (112 MiB): three launches 17% faster at 48 rows, four 12% slower at 64
+};
 
-inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols) {
+inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
   const int64_t packed_mib = rows * cols / 2 / (int64_t{1} << 20);
   int64_t max_rows = 0;
-  for (const TensorCoreGemvRowLimit& limit : kTensorCoreGemvRowLimits) {
-    if (packed_mib >= limit.min_packed_mib) max_rows = limit.max_rows;
+  const auto pick = [&](const auto& limits) {
+    for (const TensorCoreGemvRowLimit& limit : limits) {
+      if (packed_mib >= limit.min_packed_mib) max_rows = limit.max_rows;
+    }
+  };
+  if (peak_memory_GBps >= kFastMemoryMinPeakGBps) {
+    pick(kTensorCoreGemvRowLimitsFastMemory);
+  } else {
+    pick(kTensorCoreGemvRowLimits);
   }
   return max_rows;
 }

@@ -80,9 +80,9 @@ def main():
         packed, args = random_weight(wide_n, wide_k, 64, nested)
         failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
     # More rows than one tensor-core launch takes, on a W large enough for several (csrc/ops.h,
-    # kTensorCoreGemvRowLimits: 48 rows from 16 MiB packed): launches of 16, 16 and 8 rows.
+    # kTensorCoreGemvRowLimits*: 32 or 48 rows from 16 MiB packed): launches of 16 and 8 rows.
     packed, args = random_weight(8200, 4096, 64, False)
-    failures += check_gemv(packed, args, 40, "8200x4096 three launches")
+    failures += check_gemv(packed, args, 24, "8200x4096 two launches")
     torch.cuda.synchronize()
     print(f"sanitizer workload: {failures} mismatches")
     raise SystemExit(1 if failures else 0)
