@@ -491,6 +491,16 @@ __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
   return value;
 }
 
+// Where accumulator i (0..3) of m-tile mt and n-tile nt of lane (g, t) belongs (the m16n8 mma result layout):
+// x row m (the mma's column) and tile row r (the mma's row).
+struct AccPosition {
+  int m, r;
+};
+
+__device__ __forceinline__ AccPosition acc_position(int mt, int nt, int i, int g, int t) {
+  return AccPosition{nt * 8 + 2 * t + i % 2, kTcMmaRows * mt + g + (i >= 2 ? 8 : 0)};
+}
+
 // The end of tc_gemv_kernel with one CTA per tile (tile blockIdx.x, shared out over the CTA's warps): each
 // warp puts its sums (zeros if it had no turns) into its own ring of stages, whose copies have all landed,
 // as [x row][tile row] fp32; then the CTA adds the warps' parts in warp order, adds the bias, and writes
@@ -512,8 +522,7 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
     for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int m = nt * 8 + 2 * t + i % 2;                  // the mma's column: a row of x
-        const int r = kTcMmaRows * mt + g + (i >= 2 ? 8 : 0);  // the mma's row: a row of the tile
+        const auto [m, r] = acc_position(mt, nt, i, g, t);
         if (m < x_rows) part[m * Tile::kRows + r] = acc[mt][nt][i];
       }
     }
@@ -618,8 +627,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int m = nt * 8 + 2 * t + i % 2;                  // the mma's column: a row of x
-          const int r = kTcMmaRows * mt + g + (i >= 2 ? 8 : 0);  // the mma's row: a row of the tile
+          const auto [m, r] = acc_position(mt, nt, i, g, t);
           const int64_t n = tile * Tile::kRows + r;
           const float value = acc[mt][nt][i];
           acc[mt][nt][i] = 0.0f;
@@ -710,35 +718,43 @@ bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, 
          is_aligned_16(x_2d.const_data_ptr()) && scales_aligned;
 }
 
+// compute(device) for the current device, computed once per device (up to 64 devices; more are recomputed
+// every call) and kept in `cache`; compute must return a positive value.
+template <typename Compute>
+int64_t once_per_device(std::atomic<int64_t> (&cache)[64], Compute compute) {
+  const int device = at::cuda::current_device();
+  if (device < 64 && cache[device].load() > 0) return cache[device].load();
+  const int64_t value = compute(device);
+  if (device < 64) cache[device].store(value);
+  return value;
+}
+
 // Allows tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile> its dynamic shared memory on the current
 // device and returns how many of its CTAs fit on one SM there; done once per device and kernel instance.
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 int prepare_tc_kernel() {
-  static std::atomic<int> resident[64] = {};
-  const int device = at::cuda::current_device();
-  if (device < 64 && resident[device].load() > 0) return resident[device].load();
-  const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>;
-  const int shared_bytes = TileShape<kMTiles>::kSharedBytes;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  int ctas = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kTcWarps * 32, shared_bytes));
-  TORCH_CHECK(ctas > 0, "nf4::gemv: the tensor-core kernel does not fit on this GPU's SMs");
-  if (device < 64) resident[device].store(ctas);
-  return ctas;
+  static std::atomic<int64_t> resident[64] = {};
+  return static_cast<int>(once_per_device(resident, [](int) -> int64_t {
+    const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>;
+    const int shared_bytes = TileShape<kMTiles>::kSharedBytes;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    int ctas = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kTcWarps * 32, shared_bytes));
+    TORCH_CHECK(ctas > 0, "nf4::gemv: the tensor-core kernel does not fit on this GPU's SMs");
+    return ctas;
+  }));
 }
 
 // The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
 // picks the crossover table in ops.h; read once per device.
 int64_t peak_memory_GBps() {
   static std::atomic<int64_t> peak[64] = {};
-  const int device = at::cuda::current_device();
-  if (device < 64 && peak[device].load() > 0) return peak[device].load();
-  int clock_khz = 0, bus_bits = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-  const int64_t value = 2 * int64_t{clock_khz} * (bus_bits / 8) / 1000000;
-  if (device < 64) peak[device].store(value);
-  return value;
+  return once_per_device(peak, [](int device) -> int64_t {
+    int clock_khz = 0, bus_bits = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    return 2 * int64_t{clock_khz} * (bus_bits / 8) / 1000000;
+  });
 }
 
 template <typename T>
