@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <vector>
 
-constexpr int kWarps = 16;
 constexpr int kRows = 16;
 
 // kPrefetch: 0, or 128 / 256: the L2 fetches that many bytes around each request (cp.async's L2::NB hint).
@@ -37,14 +36,16 @@ __device__ __forceinline__ void wait_pending() {
 // evenly over all warps (as the gemv's stream-K split). Each unit: kRows rows x kPieceBytes into one stage.
 // kScales: 0 none; 1: each unit's 16 bytes of scales per row with the unit; 4: 64 bytes per row (4 units' scales)
 // with every 4th unit, into a separate pair of buffers.
-template <int kPieceBytes, int kStages, int kScales, int kPrefetch>
+template <int kPieceBytes, int kStages, int kScales, int kPrefetch, int kWarps>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     stream_kernel(const uint8_t* w, const uint8_t* scales, int64_t rows, int64_t row_bytes, uint32_t* sink) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kStageBytes = kRows * kPieceBytes;
+  constexpr int kScaleBytes = kRows * kPieceBytes / 8;  // a unit's scales: blocksize 64, fp32
+  constexpr int kStageStride = kStageBytes + (kScaleBytes > 256 ? kScaleBytes : 256);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  uint8_t* ring = smem + warp * kStages * (kStageBytes + 256);
-  uint8_t* groups = smem + kWarps * kStages * (kStageBytes + 256) + warp * 2 * 1024;
+  uint8_t* ring = smem + warp * kStages * kStageStride;
+  uint8_t* groups = smem + kWarps * kStages * kStageStride + warp * 2 * 1024;
   const uint32_t groups_s = static_cast<uint32_t>(__cvta_generic_to_shared(groups));
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const int64_t pieces = row_bytes / kPieceBytes;
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     for (int i = 0; i < kCopies; ++i) {
       const int c = i * 32 + lane;  // 16-byte chunk of the stage
       const int r = c / (kPieceBytes / 16), o = c % (kPieceBytes / 16);
-      copy16<kPrefetch>(ring_s + stage * (kStageBytes + 256) + c * 16, src + r * row_bytes + o * 16);
+      copy16<kPrefetch>(ring_s + stage * kStageStride + c * 16, src + r * row_bytes + o * 16);
     }
     if (kScales == 4 && (unit - first) % 4 == 0) {  // rows lane / 4 + 8i, 16 bytes each of 4 units
 #pragma unroll
@@ -69,9 +70,13 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
                scales + (tile * kRows + r) * (row_bytes / 8) + piece * (kPieceBytes / 8) + (lane % 4) * 16);
       }
     }
-    if (kScales == 1 && lane < kRows) {  // the turn's 4 fp32 absmax of row `lane` (blocksize 64: row_bytes / 8 per row)
-      copy16<kPrefetch>(ring_s + stage * (kStageBytes + 256) + kStageBytes + lane * 16,
-             scales + (tile * kRows + lane) * (row_bytes / 8) + piece * (kPieceBytes / 8));
+    if (kScales == 1) {  // the unit's fp32 absmax of its rows (blocksize 64: row_bytes / 8 per row), 16 B a copy
+      constexpr int kPerRow = kPieceBytes / 8 / 16;
+      for (int c = lane; c < kRows * kPerRow; c += 32) {
+        const int r = c / kPerRow, o = c % kPerRow;
+        copy16<kPrefetch>(ring_s + stage * kStageStride + kStageBytes + c * 16,
+                          scales + (tile * kRows + r) * (row_bytes / 8) + piece * (kPieceBytes / 8) + o * 16);
+      }
     }
   };
   for (int q = 0; q < kStages - 1; ++q) {
@@ -84,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     commit();
     wait_pending<kStages - 1>();
     __syncwarp();
-    const uint32_t* stage = reinterpret_cast<const uint32_t*>(ring + (q % kStages) * (kStageBytes + 256));
+    const uint32_t* stage = reinterpret_cast<const uint32_t*>(ring + (q % kStages) * kStageStride);
 #pragma unroll
     for (int i = 0; i < kStageBytes / 4 / 32; i += 8) acc ^= stage[i * 32 + lane];
     __syncwarp();
@@ -122,17 +127,18 @@ float time_us(Launch launch, int copies) {
 
 // kScales: 0 none; 1: each unit's 16 bytes of scales per row with the unit; 4: 64 bytes per row (4 units' scales)
 // with every 4th unit, into a separate pair of buffers.
-template <int kPieceBytes, int kStages, int kScales, int kPrefetch = 0>
+template <int kPieceBytes, int kStages, int kScales, int kPrefetch = 0, int kWarps = 16>
 void run(const std::vector<uint8_t*>& ws, const std::vector<uint8_t*>& ss, int64_t rows, int64_t row_bytes,
          uint32_t* sink, int sms) {
-  const int smem = kWarps * kStages * (kRows * kPieceBytes + 256) + kWarps * 2048;
-  auto k = stream_kernel<kPieceBytes, kStages, kScales, kPrefetch>;
+  const int scale_bytes = kRows * kPieceBytes / 8 > 256 ? kRows * kPieceBytes / 8 : 256;
+  const int smem = kWarps * kStages * (kRows * kPieceBytes + scale_bytes) + kWarps * 2048;
+  auto k = stream_kernel<kPieceBytes, kStages, kScales, kPrefetch, kWarps>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const float us =
       time_us([&](int i) { k<<<sms, kWarps * 32, smem>>>(ws[i], ss[i], rows, row_bytes, sink); }, ws.size());
   const int64_t bytes = rows * row_bytes + (kScales ? rows * row_bytes / 8 : 0);
-  printf("| %lld x %lld | rows %3d B x %d stages, L2 prefetch %d%s | %6.1f us | %5.0f GB/s | %s |\n",
-         (long long)rows, (long long)row_bytes * 2, kPieceBytes, kStages, kPrefetch,
+  printf("| %lld x %lld | %d warps, rows %4d B x %d stages, L2 prefetch %d%s | %6.1f us | %5.0f GB/s | %s |\n",
+         (long long)rows, (long long)row_bytes * 2, kWarps, kPieceBytes, kStages, kPrefetch,
          kScales == 4 ? " + scales, 4 units per copy" : (kScales ? " + scales" : ""), us, bytes / us / 1e3,
          cudaGetErrorString(cudaGetLastError()));
 }
@@ -161,6 +167,9 @@ int main() {
     run<128, 2, 4>(ws, ss, rows, row_bytes, sink, sms);
     run<256, 2, 1>(ws, ss, rows, row_bytes, sink, sms);
     run<256, 2, 1, 256>(ws, ss, rows, row_bytes, sink, sms);
+    run<1024, 2, 1, 0, 4>(ws, ss, rows, row_bytes, sink, sms);  // 1 KB per row per request (8 turns)
+    run<1024, 2, 1, 0, 5>(ws, ss, rows, row_bytes, sink, sms);
+    run<512, 2, 1, 0, 8>(ws, ss, rows, row_bytes, sink, sms);
     for (auto& w : ws) cudaFree(w);
     for (auto& sc : ss) cudaFree(sc);
   }
