@@ -1,6 +1,6 @@
-// Standalone: how fast can 16 warps per SM stream a packed weight the way the tensor-core gemv reads it
-// (each warp a 16-row tile, row pieces of kPieceBytes per row per request, kStages requests in flight per warp,
-// cp.async into shared memory), with no decode? With and without the turn's scales (16 bytes per row, from a
+// Standalone: how fast can kWarps warps per SM (16 in the gemv) stream a packed weight the way the tensor-core
+// gemv reads it (each warp a 16-row tile, row pieces of kPieceBytes per row per request, kStages requests in
+// flight per warp, cp.async into shared memory), with no decode? With and without the turn's scales (16 bytes per row, from a
 // second array), grouped 4 turns per copy or not, with cp.async's L2 prefetch hint or not. Against a plain
 // coalesced read of the same bytes. Work is split over the warps as the gemv's stream-K split does.
 //   nvcc -O3 -arch=sm_90 -o /tmp/stream_rows benchmarks/experiments/stream_rows.cu && /tmp/stream_rows
@@ -14,6 +14,14 @@
 #include <vector>
 
 constexpr int kRows = 16;
+constexpr int kGroupBytes = 2 * 1024;  // per warp: two buffers of 16 rows x 64 bytes of grouped scales (kScales 4)
+
+// Bytes of one stage: kRows x kPieceBytes of weights, then room for their scales (blocksize 64, fp32: an
+// eighth of the weight bytes; at least 256 bytes, what the 16-byte-per-row copies need).
+template <int kPieceBytes>
+__host__ __device__ constexpr int stage_stride() {
+  return kRows * kPieceBytes + (kRows * kPieceBytes / 8 > 256 ? kRows * kPieceBytes / 8 : 256);
+}
 
 // kPrefetch: 0, or 128 / 256: the L2 fetches that many bytes around each request (cp.async's L2::NB hint).
 template <int kPrefetch = 0>
@@ -41,11 +49,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
     stream_kernel(const uint8_t* w, const uint8_t* scales, int64_t rows, int64_t row_bytes, uint32_t* sink) {
   extern __shared__ __align__(16) uint8_t smem[];
   constexpr int kStageBytes = kRows * kPieceBytes;
-  constexpr int kScaleBytes = kRows * kPieceBytes / 8;  // a unit's scales: blocksize 64, fp32
-  constexpr int kStageStride = kStageBytes + (kScaleBytes > 256 ? kScaleBytes : 256);
+  constexpr int kStageStride = stage_stride<kPieceBytes>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint8_t* ring = smem + warp * kStages * kStageStride;
-  uint8_t* groups = smem + kWarps * kStages * kStageStride + warp * 2 * 1024;
+  uint8_t* groups = smem + kWarps * kStages * kStageStride + warp * kGroupBytes;
   const uint32_t groups_s = static_cast<uint32_t>(__cvta_generic_to_shared(groups));
   const uint32_t ring_s = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const int64_t pieces = row_bytes / kPieceBytes;
@@ -66,7 +73,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int r = lane / 4 + 8 * i;
-        copy16(groups_s + (((unit - first) / 4) % 2) * 1024 + r * 64 + (lane % 4) * 16,
+        copy16(groups_s + (((unit - first) / 4) % 2) * (kGroupBytes / 2) + r * 64 + (lane % 4) * 16,
                scales + (tile * kRows + r) * (row_bytes / 8) + piece * (kPieceBytes / 8) + (lane % 4) * 16);
       }
     }
@@ -125,13 +132,11 @@ float time_us(Launch launch, int copies) {
   return ts[ts.size() / 2];
 }
 
-// kScales: 0 none; 1: each unit's 16 bytes of scales per row with the unit; 4: 64 bytes per row (4 units' scales)
-// with every 4th unit, into a separate pair of buffers.
+// One line of the table: stream_kernel<...> over the weight copies ws (scales ss).
 template <int kPieceBytes, int kStages, int kScales, int kPrefetch = 0, int kWarps = 16>
 void run(const std::vector<uint8_t*>& ws, const std::vector<uint8_t*>& ss, int64_t rows, int64_t row_bytes,
          uint32_t* sink, int sms) {
-  const int scale_bytes = kRows * kPieceBytes / 8 > 256 ? kRows * kPieceBytes / 8 : 256;
-  const int smem = kWarps * kStages * (kRows * kPieceBytes + scale_bytes) + kWarps * 2048;
+  const int smem = kWarps * (kStages * stage_stride<kPieceBytes>() + kGroupBytes);
   auto k = stream_kernel<kPieceBytes, kStages, kScales, kPrefetch, kWarps>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const float us =

@@ -6,7 +6,7 @@ are random packed bytes with positive absmax (timing only).
     python benchmarks/experiments/time_gemv.py [--rows 1 16] [--quick] [--same]
 
 --same runs every call of the graph on one weight: a W that fits in L2 then stays there, which shows the
-kernel's own speed without DRAM (benchmarks/NOTES.md, gemv row 21).
+kernel's own speed without DRAM (benchmarks/NOTES.md, "Where M=1 stands").
 """
 
 from __future__ import annotations
