@@ -44,7 +44,9 @@ __device__ __forceinline__ void wait_pending() {
 // evenly over all warps (as the gemv's stream-K split). Each unit: kRows rows x kPieceBytes into one stage.
 // kScales: 0 none; 1: each unit's 16 bytes of scales per row with the unit; 4: 64 bytes per row (4 units' scales)
 // with every 4th unit, into a separate pair of buffers.
-template <int kPieceBytes, int kStages, int kScales, int kPrefetch, int kWarps>
+// kInterleave: the CTA takes one contiguous run of units and its warps take turns over it (warp w: units
+// w, w + kWarps, ...), so at any time the CTA's warps read neighbouring pieces of the same rows.
+template <int kPieceBytes, int kStages, int kScales, int kPrefetch, int kWarps, bool kInterleave>
 __global__ void __launch_bounds__(kWarps * 32, 1)
     stream_kernel(const uint8_t* w, const uint8_t* scales, int64_t rows, int64_t row_bytes, uint32_t* sink) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -58,7 +60,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int64_t pieces = row_bytes / kPieceBytes;
   const int64_t total = rows / kRows * pieces;
   const int64_t warps = int64_t{gridDim.x} * kWarps, id = int64_t{blockIdx.x} * kWarps + warp;
-  const int64_t first = id * total / warps, end = (id + 1) * total / warps;
+  const int64_t cta_first = blockIdx.x * total / gridDim.x, cta_end = (blockIdx.x + 1) * total / gridDim.x;
+  const int64_t first = kInterleave ? cta_first + warp : id * total / warps;
+  const int64_t end = kInterleave ? cta_end : (id + 1) * total / warps;
+  constexpr int kStride = kInterleave ? kWarps : 1;  // units between a warp's consecutive units
   const auto issue = [&](int64_t unit, int stage) {
     const int64_t tile = unit / pieces, piece = unit % pieces;
     const uint8_t* src = w + tile * kRows * row_bytes + piece * kPieceBytes;
@@ -86,13 +91,15 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
       }
     }
   };
+  static_assert(!(kInterleave && kScales == 4), "grouped scales assume a contiguous run");
   for (int q = 0; q < kStages - 1; ++q) {
-    if (first + q < end) issue(first + q, q);
+    if (first + q * kStride < end) issue(first + q * kStride, q);
     commit();
   }
   uint32_t acc = 0;
-  for (int64_t q = 0; first + q < end; ++q) {
-    if (first + q + kStages - 1 < end) issue(first + q + kStages - 1, (q + kStages - 1) % kStages);
+  for (int64_t q = 0; first + q * kStride < end; ++q) {
+    const int64_t ahead = first + (q + kStages - 1) * kStride;
+    if (ahead < end) issue(ahead, (q + kStages - 1) % kStages);
     commit();
     wait_pending<kStages - 1>();
     __syncwarp();
@@ -133,17 +140,18 @@ float time_us(Launch launch, int copies) {
 }
 
 // One line of the table: stream_kernel<...> over the weight copies ws (scales ss).
-template <int kPieceBytes, int kStages, int kScales, int kPrefetch = 0, int kWarps = 16>
+template <int kPieceBytes, int kStages, int kScales, int kPrefetch = 0, int kWarps = 16, bool kInterleave = false>
 void run(const std::vector<uint8_t*>& ws, const std::vector<uint8_t*>& ss, int64_t rows, int64_t row_bytes,
          uint32_t* sink, int sms) {
   const int smem = kWarps * (kStages * stage_stride<kPieceBytes>() + kGroupBytes);
-  auto k = stream_kernel<kPieceBytes, kStages, kScales, kPrefetch, kWarps>;
+  auto k = stream_kernel<kPieceBytes, kStages, kScales, kPrefetch, kWarps, kInterleave>;
   cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const float us =
       time_us([&](int i) { k<<<sms, kWarps * 32, smem>>>(ws[i], ss[i], rows, row_bytes, sink); }, ws.size());
   const int64_t bytes = rows * row_bytes + (kScales ? rows * row_bytes / 8 : 0);
-  printf("| %lld x %lld | %d warps, rows %4d B x %d stages, L2 prefetch %d%s | %6.1f us | %5.0f GB/s | %s |\n",
-         (long long)rows, (long long)row_bytes * 2, kWarps, kPieceBytes, kStages, kPrefetch,
+  printf("| %lld x %lld | %d warps%s, rows %4d B x %d stages, L2 prefetch %d%s | %6.1f us | %5.0f GB/s | %s |\n",
+         (long long)rows, (long long)row_bytes * 2, kWarps, kInterleave ? " taking turns" : "", kPieceBytes, kStages,
+         kPrefetch,
          kScales == 4 ? " + scales, 4 units per copy" : (kScales ? " + scales" : ""), us, bytes / us / 1e3,
          cudaGetErrorString(cudaGetLastError()));
 }
@@ -167,11 +175,13 @@ int main() {
            bytes / us / 1e3);
     run<128, 2, 0>(ws, ss, rows, row_bytes, sink, sms);
     run<128, 2, 1>(ws, ss, rows, row_bytes, sink, sms);
-    run<128, 2, 1, 128>(ws, ss, rows, row_bytes, sink, sms);
+    run<128, 2, 0, 0, 16, true>(ws, ss, rows, row_bytes, sink, sms);  // the CTA's warps take turns
+    run<128, 2, 1, 0, 16, true>(ws, ss, rows, row_bytes, sink, sms);
+    run<128, 3, 1, 0, 16, true>(ws, ss, rows, row_bytes, sink, sms);
     run<128, 2, 1, 256>(ws, ss, rows, row_bytes, sink, sms);
     run<128, 2, 4>(ws, ss, rows, row_bytes, sink, sms);
     run<256, 2, 1>(ws, ss, rows, row_bytes, sink, sms);
-    run<256, 2, 1, 256>(ws, ss, rows, row_bytes, sink, sms);
+    run<256, 2, 1, 0, 16, true>(ws, ss, rows, row_bytes, sink, sms);
     run<1024, 2, 1, 0, 4>(ws, ss, rows, row_bytes, sink, sms);  // 1 KB per row per request (8 turns)
     run<1024, 2, 1, 0, 5>(ws, ss, rows, row_bytes, sink, sms);
     run<512, 2, 1, 0, 8>(ws, ss, rows, row_bytes, sink, sms);
