@@ -1,4 +1,6 @@
-// nf4::gemv on CUDA, three paths chosen per call by the crossover constants in ops.h:
+// nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
+//  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x on sm_80+, plain absmax, on the large
+//    layers (one_row_gemv_applies);
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
@@ -491,6 +493,23 @@ __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
   return value;
 }
 
+// Fills the byte -> code pair table (kTcLutBytes at `lut`, one copy per lane: see the tensor-core path's
+// comment) with the CTA's threads; the caller syncs before reading it. Thread i writes 16-byte chunk i % 8
+// of entry i / 8, so a warp's stores cover 4 entries' 128 bytes each, 4 wavefronts and no more. Lane l
+// reads code value l % 16 once and the others take it by shuffle: reading the (local-memory) table for every
+// entry was slow on small layers, where the fill is a good part of the time.
+template <typename T>
+__device__ __forceinline__ void fill_code_pair_table(uint8_t* lut, QuantType quant_type) {
+  const float lane_code = code_value(quant_type, threadIdx.x % 32 % 16);
+  for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {  // whole warps: 2048 % 32 == 0
+    const int byte = chunk / 8;
+    const float high = __shfl_sync(0xFFFFFFFFu, lane_code, byte >> 4);
+    const float low = __shfl_sync(0xFFFFFFFFu, lane_code, byte & 0x0F);
+    const uint32_t pair = uint32_t(bits_of(from_float<T>(high))) | uint32_t(bits_of(from_float<T>(low))) << 16;
+    reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes)[chunk % 8] = make_uint4(pair, pair, pair, pair);
+  }
+}
+
 // Where accumulator i (0..3) of m-tile mt and n-tile nt of lane (g, t) belongs (the m16n8 mma result layout):
 // x row m (the mma's column) and tile row r (the mma's row).
 struct AccPosition {
@@ -583,18 +602,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     copy_async_commit();
   }
 
-  // Table fill: thread i writes 16-byte chunk i % 8 of entry i / 8, so a warp's stores cover 4 entries'
-  // 128 bytes each, 4 wavefronts and no more.
-  // Lane l reads code value l % 16 once and the others take it by shuffle: reading the (local-memory)
-  // table for every entry was slow on small layers, where the fill is a good part of the time.
-  const float lane_code = code_value(quant_type, lane % 16);
-  for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {  // whole warps: 2048 % 32 == 0
-    const int byte = chunk / 8;
-    const float high = __shfl_sync(0xFFFFFFFFu, lane_code, byte >> 4);
-    const float low = __shfl_sync(0xFFFFFFFFu, lane_code, byte & 0x0F);
-    const uint32_t pair = uint32_t(bits_of(from_float<T>(high))) | uint32_t(bits_of(from_float<T>(low))) << 16;
-    reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes)[chunk % 8] = make_uint4(pair, pair, pair, pair);
-  }
+  fill_code_pair_table<T>(lut, quant_type);
   if constexpr (kNested) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) code2[i] = scales.code2[i];
   }
@@ -700,6 +708,195 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// One-row path (one row of x, plain absmax, K % 512 == 0, sm_80+, at least kOrMinStepsPerWarp steps per warp):
+// no shared-memory staging. Each lane loads its own weight bytes and scales straight into registers,
+// kOrDepth steps ahead of the step it decodes, so a warp keeps kOrDepth x kOrRows x 256 bytes in flight
+// without cp.async's write and read of every byte through shared memory and without a warp-wide wait per
+// turn (benchmarks/NOTES.md, gemv row 27).
+// A step is kOrRows W rows x 256 packed bytes (512 elements); lane (g, t) holds bytes 32g + 8t .. + 7 of each
+// row's step. The mma's 16 A rows are 2 W rows x 8 K segments of 64 elements (A row g: W row 2mt, segment g;
+// A row g + 8: W row 2mt + 1, segment g) and its 8 columns are x's 8 segments (lane (g, t) feeds column g
+// with the x values of its own weight bytes), so column g of A rows g and g + 8 holds segment g's dot
+// product: the product is the mma result's diagonal, and the tile's 8 segments are added by shuffles when
+// the warp leaves the tile (NOTES gemv row 26). A segment is one 64-element absmax piece (K % 512 == 0 and
+// blocksize >= 64), so each A row's scale goes onto the mma's fp32 sums once per step. The k order inside a
+// segment is the tensor-core path's (lane t's 16 consecutive elements, k-tile j its bytes 2j and 2j + 1).
+// The (tile, step) sequence is split over the warps as the tensor-core path splits its turns, and the tiles
+// that two warps share go through add_tile_parts_kernel.
+#ifndef NF4_OR_ROWS  // build-time knobs for tuning runs (benchmarks/NOTES.md)
+#define NF4_OR_ROWS 8
+#endif
+#ifndef NF4_OR_DEPTH
+#define NF4_OR_DEPTH 2
+#endif
+// W rows per tile (kOrRows / 2 m-tiles, sharing each x load) and steps loaded ahead per warp: 8 and 2 were
+// the fastest of 4 / 2-4 and 8 / 2-3 at 16 warps per SM (NOTES gemv row 27); more do not fit in 128
+// registers without spilling.
+constexpr int kOrRows = NF4_OR_ROWS;
+constexpr int kOrDepth = NF4_OR_DEPTH;
+constexpr int kOrStepBytes = 256;           // packed bytes per W row per step: 32 lanes x 8
+constexpr int kOrStep = 2 * kOrStepBytes;   // K elements per step; the path needs K % kOrStep == 0
+#ifndef NF4_OR_WARPS
+#define NF4_OR_WARPS 16
+#endif
+constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (they share one table)
+// Layers with fewer steps per warp (the q/o layers: 5-8) keep the tensor-core kernel, which was 3-9% faster
+// there at one row; from 13 steps per warp (gate/up, down) this kernel was 4-8% faster (H100, NOTES gemv
+// row 27).
+constexpr int kOrMinStepsPerWarp = 12;
+static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
+
+// Loads that skip L1: the weights and scales are read once, and L1 is left to x, which every warp rereads.
+__device__ __forceinline__ uint2 load_once_8(const uint8_t* from) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(from));
+  return v;
+}
+__device__ __forceinline__ float load_once_f32(const float* from) {
+  float v;
+  asm("ld.global.nc.L1::no_allocate.f32 %0, [%1];\n" : "=f"(v) : "l"(from));
+  return v;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kOrWarps * 32, 1)
+    one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
+                        QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols,
+                        const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
+  extern __shared__ __align__(16) uint8_t or_lut[];
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int lane_byte = 32 * g + 8 * t;
+  const int steps = static_cast<int>(cols / kOrStep);  // per tile
+  const int64_t tiles = (rows + kOrRows - 1) / kOrRows;
+  const int64_t row_bytes = cols / 2;
+  const int64_t warp_id = int64_t{blockIdx.x} * kOrWarps + threadIdx.x / 32;
+  const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kOrWarps, tiles * steps);
+  const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
+
+  // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
+  // flat element index of the lane's segment in tile row 0.
+  int64_t load_tile = mine.first / steps;
+  int load_s = static_cast<int>(mine.first - load_tile * steps);
+  const uint8_t* load_weight = nullptr;
+  int64_t load_element = 0;
+  int load_rows = 0;  // the tile's rows that exist (the last tile's others load as zeros)
+  const auto seek = [&] {
+    const int64_t first_row = load_tile * kOrRows;
+    load_weight = packed + first_row * row_bytes + int64_t{load_s} * kOrStepBytes + lane_byte;
+    load_element = first_row * cols + int64_t{load_s} * kOrStep + 64 * g;
+    load_rows = static_cast<int>(rows - first_row < kOrRows ? rows - first_row : kOrRows);
+  };
+  const auto load_step = [&](uint2(&weights)[kOrRows], float(&scales)[kOrRows]) {
+#pragma unroll
+    for (int r = 0; r < kOrRows; ++r) {
+      if (r >= load_rows) {  // past the end of W (the last tile): zeros, whose outputs are dropped
+        weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
+        continue;
+      }
+      weights[r] = load_once_8(load_weight + r * row_bytes);
+      scales[r] = load_once_f32(absmax + ((load_element + r * cols) >> blocksize_log2));
+    }
+    load_weight += kOrStepBytes;
+    load_element += kOrStep;
+    if (++load_s == steps) load_s = 0, ++load_tile, seek();
+  };
+  seek();
+  // The ring of steps in flight, slot d holding steps d, d + kOrDepth, ... (indexed by unrolled loops only,
+  // so it stays in registers). The first loads go out before the table fill.
+  uint2 ring_weights[kOrDepth][kOrRows];
+  float ring_scales[kOrDepth][kOrRows];
+#pragma unroll
+  for (int d = 0; d < kOrDepth; ++d) {
+    if (d < count) load_step(ring_weights[d], ring_scales[d]);
+  }
+  fill_code_pair_table<T>(or_lut, quant_type);
+  __syncthreads();
+
+  const uint32_t lut = static_cast<uint32_t>(__cvta_generic_to_shared(or_lut));
+  const uint32_t lane4 = 4 * lane;
+  const int64_t first_tile = mine.first / steps;
+  int64_t tile = first_tile;
+  int s = static_cast<int>(mine.first - tile * steps);
+  bool from_tile_start = s == 0;  // the warp's part of `tile` began at its step 0
+  const T* x_lane = x + 64 * g + 16 * t;
+  // Segment g's sums of the step sit on the diagonal, in lane (g, g / 2): result column g % 2 for row 2mt
+  // and 2 + g % 2 for row 2mt + 1; each lane keeps the two of its columns that would be there, and only the
+  // diagonal lanes' sums are used.
+  const bool diagonal = t == g / 2;
+  const bool odd_column = g % 2 != 0;
+  float acc[kOrRows] = {};  // row r of the tile, this lane's segment
+
+  // The warp leaves `tile`: add the 8 segments of each row by a butterfly over the warp (the same order on
+  // every run; lanes off the diagonal give zeros); lane r writes row r, to the output when the warp took the
+  // whole tile, else to its slot for the tile (0: its first tile, 1: its last) for add_tile_parts_kernel.
+  const auto flush = [&](bool whole) {
+    float row_sum[kOrRows];
+#pragma unroll
+    for (int r = 0; r < kOrRows; ++r) row_sum[r] = diagonal ? acc[r] : 0.0f, acc[r] = 0.0f;
+    float mine_sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kOrRows; ++r) {
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) row_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, row_sum[r], offset);
+      if (lane == r) mine_sum = row_sum[r];
+    }
+    const int64_t n = tile * kOrRows + lane;
+    if (lane < kOrRows && n < rows) {
+      if (whole) {
+        out[n] = from_float<T>(bias != nullptr ? mine_sum + to_float(bias[n]) : mine_sum);
+      } else {
+        partial[(warp_id * 2 + (tile == first_tile ? 0 : 1)) * kOrRows + lane] = mine_sum;
+      }
+    }
+  };
+
+  for (int q0 = 0; q0 < count; q0 += kOrDepth) {
+#pragma unroll
+    for (int d = 0; d < kOrDepth; ++d) {
+      const int q = q0 + d;
+      if (q >= count) break;
+      uint2 weights[kOrRows];
+      float scales[kOrRows];
+#pragma unroll
+      for (int r = 0; r < kOrRows; ++r) weights[r] = ring_weights[d][r], scales[r] = ring_scales[d][r];
+      if (q + kOrDepth < count) load_step(ring_weights[d], ring_scales[d]);
+#ifdef NF4_OR_NO_DECODE  // timing build: the stream alone (every loaded value still feeds the result)
+      uint32_t bits = 0;
+#pragma unroll
+      for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(scales[r]);
+      acc[0] += __uint_as_float(bits & 0x3FFFFFFFu);
+#else
+      const uint4* x16 = reinterpret_cast<const uint4*>(x_lane + int64_t{s} * kOrStep);
+      const uint4 xv[2] = {__ldg(x16), __ldg(x16 + 1)};
+#pragma unroll
+      for (int mt = 0; mt < kOrRows / 2; ++mt) {
+        const uint2 lo = weights[2 * mt], hi = weights[2 * mt + 1];
+        float sums[4] = {};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t wl = j < 2 ? lo.x : lo.y, wh = j < 2 ? hi.x : hi.y;
+          uint32_t a[4];
+          if (j % 2 == 0) {
+            a[0] = code_pair<0>(lut, wl, lane4), a[1] = code_pair<0>(lut, wh, lane4);
+            a[2] = code_pair<1>(lut, wl, lane4), a[3] = code_pair<1>(lut, wh, lane4);
+          } else {
+            a[0] = code_pair<2>(lut, wl, lane4), a[1] = code_pair<2>(lut, wh, lane4);
+            a[2] = code_pair<3>(lut, wl, lane4), a[3] = code_pair<3>(lut, wh, lane4);
+          }
+          const uint4& x8 = xv[j / 2];
+          mma_16816<T>(sums, a, j % 2 ? x8.z : x8.x, j % 2 ? x8.w : x8.y, sums);
+        }
+        acc[2 * mt] = fmaf(scales[2 * mt], odd_column ? sums[1] : sums[0], acc[2 * mt]);
+        acc[2 * mt + 1] = fmaf(scales[2 * mt + 1], odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
+      }
+#endif
+      if (s + 1 == steps || q + 1 == count) flush(from_tile_start && s + 1 == steps);
+      if (++s == steps) s = 0, ++tile, from_tile_start = true;
+    }
+  }
+}
+
 // Whether the tensor-core kernel can take this call: its layout needs whole 256-element turns (so a turn
 // never straddles a row, and its absmax blocks are one copy), 16-byte weight copies and x loads, 16-byte
 // absmax copies (4-byte copies of nested codes, a nested block of at least one turn's 4 blocks), and its
@@ -729,20 +926,24 @@ int64_t once_per_device(std::atomic<int64_t> (&cache)[64], Compute compute) {
   return value;
 }
 
-// Allows tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile> its dynamic shared memory on the current
-// device and returns how many of its CTAs fit on one SM there; done once per device and kernel instance.
+// Allows `kernel` its dynamic shared memory on the current device and returns how many of its CTAs fit on
+// one SM there; done once per device and kernel (`resident` is the kernel's own cache).
+template <typename Kernel>
+int prepare_kernel(std::atomic<int64_t> (&resident)[64], Kernel kernel, int threads, int shared_bytes) {
+  return static_cast<int>(once_per_device(resident, [&](int) -> int64_t {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    int ctas = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, shared_bytes));
+    TORCH_CHECK(ctas > 0, "nf4::gemv: a kernel does not fit on this GPU's SMs");
+    return ctas;
+  }));
+}
+
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 int prepare_tc_kernel() {
   static std::atomic<int64_t> resident[64] = {};
-  return static_cast<int>(once_per_device(resident, [](int) -> int64_t {
-    const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>;
-    const int shared_bytes = TileShape<kMTiles>::kSharedBytes;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-    int ctas = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kTcWarps * 32, shared_bytes));
-    TORCH_CHECK(ctas > 0, "nf4::gemv: the tensor-core kernel does not fit on this GPU's SMs");
-    return ctas;
-  }));
+  return prepare_kernel(resident, tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>, kTcWarps * 32,
+                        TileShape<kMTiles>::kSharedBytes);
 }
 
 // The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
@@ -755,6 +956,38 @@ int64_t peak_memory_GBps() {
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
     return 2 * int64_t{clock_khz} * (bus_bits / 8) / 1000000;
   });
+}
+
+// Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
+// one row of x, plain absmax, whole 512-element steps, and enough steps that every warp of one CTA per SM
+// has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins).
+bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int64_t rows, int64_t cols) {
+  const int64_t warps = int64_t{kOrWarps} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 &&
+         (rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= kOrMinStepsPerWarp * warps;
+}
+
+template <typename T>
+void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
+                         int64_t rows, int64_t cols, const T* bias, T* out, const at::Tensor& like,
+                         cudaStream_t stream) {
+  static std::atomic<int64_t> resident[64] = {};
+  prepare_kernel(resident, one_row_gemv_kernel<T>, kOrWarps * 32, kTcLutBytes);
+  const int64_t grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t warps = grid * kOrWarps;
+  const int steps = static_cast<int>(cols / kOrStep);
+  at::Tensor partial = at::empty({tc_partial_floats(warps, 1, kOrRows)}, like.options().dtype(at::kFloat));
+  one_row_gemv_kernel<T><<<static_cast<int>(grid), kOrWarps * 32, kTcLutBytes, stream>>>(
+      x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out,
+      partial.mutable_data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (steps > 1) {  // with one step per tile no tile is shared
+    const int threads = 256;
+    const int blocks = static_cast<int>(std::min<int64_t>((rows + threads - 1) / threads, grid * 8));
+    add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial.mutable_data_ptr<float>(), warps, steps,
+                                                             kOrRows, rows, 1, bias, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 template <typename T>
@@ -856,6 +1089,10 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
     if constexpr (!std::is_same_v<T, float>) {
+      if (tensor_cores && one_row_gemv_applies(x_rows, scales, rows, cols)) {
+        launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, bias_data, out_data, out, stream);
+        return;
+      }
       if (tensor_cores) {  // one launch per kTensorCoreGemvLaunchRows rows of x (ops.h says when that pays)
         for (int64_t first = 0; first < x_rows; first += kTensorCoreGemvLaunchRows) {
           const int64_t launch_rows = std::min(kTensorCoreGemvLaunchRows, x_rows - first);

@@ -9,7 +9,8 @@ import torch
 
 import nf4_ops
 from conftest import (
-    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, assert_gemv_close, bnb_quantize, dtype_id, state_on,
+    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, assert_gemv_close, bnb_cuda_works, bnb_quantize,
+    dtype_id, state_on,
 )  # fmt: skip
 
 # Rows of x on each side of the fused / dense boundaries (csrc/ops.h: kFusedGemvMaxRows = 8 for the CPU and
@@ -144,6 +145,48 @@ def test_gemv_wide_tiles(nested, rows):
     # not take it.
     assert any(re.search(r"tc_gemv_kernel<[^,]+, 2, 2, (true|false), false>", name) for name in kernels), kernels
     assert_gemv_close(out, x, packed, args, bias)
+
+
+def one_row_shape(steps: int) -> tuple[int, int]:
+    """A weight that takes the one-row kernel at one row of x (csrc/gemv.cu, kOr*: K % 512 == 0 and at least
+    12 steps of 8 rows x 512 elements per warp, 16 warps per SM), with `steps` steps per 8-row tile and a last
+    tile of 3 rows (the others load as zeros)."""
+    tiles = -(-12 * 16 * torch.cuda.get_device_properties(0).multi_processor_count // steps) + 1
+    return 8 * tiles - 5, 512 * steps
+
+
+# (steps per tile, blocksize, quant_type, dtype, bias): odd and even step counts, so warps' runs end anywhere in
+# a tile and on either slot of the load ring; every blocksize (one absmax value per segment, per 2-8 segments,
+# per step, and blocks of 4096 that span two rows at K = 5120).
+ONE_ROW_CASES = [
+    (17, 64, "nf4", torch.bfloat16, True),
+    (17, 128, "fp4", torch.float16, False),
+    (10, 4096, "nf4", torch.bfloat16, True),
+    (10, 512, "nf4", torch.float16, False),
+    (33, 256, "nf4", torch.bfloat16, True),
+    (9, 1024, "fp4", torch.bfloat16, False),
+    (16, 2048, "nf4", torch.float16, True),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("case", ONE_ROW_CASES, ids=lambda c: f"steps{c[0]}-bs{c[1]}-{c[2]}-{dtype_id(c[3])}")
+def test_gemv_one_row_kernel(case):
+    steps, blocksize, quant_type, dtype, with_bias = case
+    shape = one_row_shape(steps)
+    quantized = bnb_quantize(shape, quant_type, blocksize, False, device="cuda" if bnb_cuda_works() else "cpu")
+    packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
+    x = random_x((1, shape[1]), dtype, "cuda")
+    bias = random_x((shape[0],), dtype, "cuda", seed=7) if with_bias else None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        torch.cuda.synchronize()
+    names = [event.name for event in profile.events()]
+    # this test is about the one-row kernel, so it fails if the call did not take it
+    assert sum("one_row_gemv_kernel" in name for name in names) == 1, names
+    assert_gemv_close(out, x, packed, args, bias)
+    for _ in range(2):
+        assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
