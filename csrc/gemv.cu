@@ -252,6 +252,20 @@ __device__ __forceinline__ uint32_t code_pair(uint32_t lut, uint32_t word, uint3
   return pair;
 }
 
+// The mma A fragment of k-tile j (0..3, a compile-time value once the caller's loop is unrolled) from a lane's
+// 8 packed bytes of its A rows g (`lo`) and g + 8 (`hi`): k-tile j takes packed bytes 2j and 2j + 1, i.e.
+// bytes (j % 2) * 2 and + 1 of word j / 2 (the lane's 16 consecutive elements, 4 per k-tile).
+__device__ __forceinline__ void a_fragment(int j, uint2 lo, uint2 hi, uint32_t lut, uint32_t lane4, uint32_t (&a)[4]) {
+  const uint32_t lo_word = j < 2 ? lo.x : lo.y, hi_word = j < 2 ? hi.x : hi.y;
+  if (j % 2 == 0) {
+    a[0] = code_pair<0>(lut, lo_word, lane4), a[1] = code_pair<0>(lut, hi_word, lane4);
+    a[2] = code_pair<1>(lut, lo_word, lane4), a[3] = code_pair<1>(lut, hi_word, lane4);
+  } else {
+    a[0] = code_pair<2>(lut, lo_word, lane4), a[1] = code_pair<2>(lut, hi_word, lane4);
+    a[2] = code_pair<3>(lut, lo_word, lane4), a[3] = code_pair<3>(lut, hi_word, lane4);
+  }
+}
+
 // How the absmax blocks fall on a turn's 4 steps: `steps_per_block_log2` is log2(blocksize / 64) capped at
 // 2, so 0: one block per step (blocksize 64), 1: one per two steps (128), 2: one for the whole turn.
 struct TurnBlocks {
@@ -410,16 +424,8 @@ __device__ __forceinline__ void tc_gemv_step(const uint2 (&w_lo)[kMTiles], const
     float sums[kNTiles][4] = {};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const uint32_t lo = j < 2 ? w_lo[mt].x : w_lo[mt].y;  // row g's packed bytes 2j and 2j + 1 are bytes
-      const uint32_t hi = j < 2 ? w_hi[mt].x : w_hi[mt].y;  // (j % 2) * 2 and + 1 of these words; row g + 8's
       uint32_t a[4];
-      if (j % 2 == 0) {
-        a[0] = code_pair<0>(lut, lo, lane4), a[1] = code_pair<0>(lut, hi, lane4);
-        a[2] = code_pair<1>(lut, lo, lane4), a[3] = code_pair<1>(lut, hi, lane4);
-      } else {
-        a[0] = code_pair<2>(lut, lo, lane4), a[1] = code_pair<2>(lut, hi, lane4);
-        a[2] = code_pair<3>(lut, lo, lane4), a[3] = code_pair<3>(lut, hi, lane4);
-      }
+      a_fragment(j, w_lo[mt], w_hi[mt], lut, lane4, a);
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
         const uint4& x8 = xv[nt][j / 2];
@@ -875,15 +881,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         float sums[4] = {};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint32_t wl = j < 2 ? lo.x : lo.y, wh = j < 2 ? hi.x : hi.y;
           uint32_t a[4];
-          if (j % 2 == 0) {
-            a[0] = code_pair<0>(lut, wl, lane4), a[1] = code_pair<0>(lut, wh, lane4);
-            a[2] = code_pair<1>(lut, wl, lane4), a[3] = code_pair<1>(lut, wh, lane4);
-          } else {
-            a[0] = code_pair<2>(lut, wl, lane4), a[1] = code_pair<2>(lut, wh, lane4);
-            a[2] = code_pair<3>(lut, wl, lane4), a[3] = code_pair<3>(lut, wh, lane4);
-          }
+          a_fragment(j, lo, hi, lut, lane4, a);
           const uint4& x8 = xv[j / 2];
           mma_16816<T>(sums, a, j % 2 ? x8.z : x8.x, j % 2 ? x8.w : x8.y, sums);
         }
