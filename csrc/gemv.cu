@@ -957,6 +957,18 @@ int64_t peak_memory_GBps() {
   });
 }
 
+// Launches add_tile_parts_kernel over the x_rows * rows outputs, with at most 8 CTAs of 256 threads per
+// resident CTA of the kernel that wrote the parts.
+template <typename T>
+void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int tile_rows, int64_t rows, int64_t x_rows,
+                           const T* bias, T* out, int64_t resident_ctas, cudaStream_t stream) {
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((x_rows * rows + threads - 1) / threads, resident_ctas * 8));
+  add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial, warps, turns, tile_rows, rows, int(x_rows), bias,
+                                                           out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
 // one row of x, plain absmax, whole 512-element steps, and enough steps that every warp of one CTA per SM
 // has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins).
@@ -981,11 +993,7 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
       partial.mutable_data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (steps > 1) {  // with one step per tile no tile is shared
-    const int threads = 256;
-    const int blocks = static_cast<int>(std::min<int64_t>((rows + threads - 1) / threads, grid * 8));
-    add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial.mutable_data_ptr<float>(), warps, steps,
-                                                             kOrRows, rows, 1, bias, out);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_add_tile_parts<T>(partial.mutable_data_ptr<float>(), warps, steps, kOrRows, rows, 1, bias, out, grid, stream);
   }
 }
 
@@ -1030,12 +1038,7 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
       launch(std::false_type{});
     }
     if (!cta_per_tile && turns > 1) {  // with one turn per tile no tile is shared
-      const int64_t count = x_rows * rows;
-      const int threads = 256;
-      const int blocks = static_cast<int>(std::min<int64_t>((count + threads - 1) / threads, resident * 8));
-      add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial_data, warps, turns, Tile::kRows, rows,
-                                                               int(x_rows), bias, out);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      launch_add_tile_parts<T>(partial_data, warps, turns, Tile::kRows, rows, x_rows, bias, out, resident, stream);
     }
   };
   using One = std::integral_constant<int, 1>;
