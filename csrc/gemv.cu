@@ -1,6 +1,6 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x on sm_80+, plain absmax, on the large
-//    layers (one_row_gemv_applies);
+//    layers, on GPUs of the slower memory class (one_row_gemv_applies);
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
@@ -971,11 +971,13 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
 // one row of x, plain absmax, whole 512-element steps, and enough steps that every warp of one CTA per SM
-// has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins).
+// has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins),
+// on a GPU whose memory class it pays on (ops.h, one_row_gemv_pays).
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int64_t rows, int64_t cols) {
   const int64_t warps = int64_t{kOrWarps} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 &&
-         (rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= kOrMinStepsPerWarp * warps;
+         (rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= kOrMinStepsPerWarp * warps &&
+         one_row_gemv_pays(peak_memory_GBps());
 }
 
 template <typename T>
