@@ -16,7 +16,10 @@ CPU_SOURCES = ["registration.cpp", "checks.cpp", "dequantize_cpu.cpp", "gemv_cpu
 CUDA_SOURCES = ["dequantize.cu", "gemv.cu"]
 
 # bitsandbytes rounds the nested absmax twice (multiply, then add): no fused multiply-add on the host.
-CXX_FLAGS = ["-O3", "-ffp-contract=off"]
+# -fopenmp: torch's CPU build runs at::parallel_for on OpenMP, and its header runs the loop on one thread
+# unless the extension is compiled with OpenMP too (linked the same way, it shares torch's libgomp).
+CXX_FLAGS = ["-O3", "-ffp-contract=off", "-fopenmp"]
+LINK_FLAGS = ["-fopenmp"]
 # NF4_OPS_NVCC_FLAGS adds flags for kernel tuning builds, e.g. "-DNF4_TC_MIN_TURNS_PER_WARP=4" (see csrc/gemv.cu).
 NVCC_FLAGS = ["-O3", "-lineinfo", "-Xcompiler", "-ffp-contract=off"] + os.environ.get("NF4_OPS_NVCC_FLAGS", "").split()
 
@@ -47,11 +50,13 @@ def extension():
             sources=[str(CSRC / s) for s in CPU_SOURCES + CUDA_SOURCES],
             include_dirs=wheel_cuda_include_dirs(),
             extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+            extra_link_args=LINK_FLAGS,
         )
     return CppExtension(
         "nf4_ops._C",
         sources=[str(CSRC / s) for s in CPU_SOURCES],
         extra_compile_args={"cxx": CXX_FLAGS},
+        extra_link_args=LINK_FLAGS,
     )
 
 
