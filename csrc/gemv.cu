@@ -715,9 +715,10 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// One-row path (one row of x, plain absmax, K % 512 == 0, sm_80+, at least kOrMinStepsPerWarp steps per warp):
-// no shared-memory staging. Each lane loads its own weight bytes and scales straight into registers,
-// kOrDepth steps ahead of the step it decodes, so a warp keeps kOrDepth x kOrRows x 256 bytes in flight
+// One-row path (one row of x, plain absmax, K % 512 == 0, W rows starting on absmax block boundaries
+// (K % blocksize == 0), sm_80+, at least kOrMinStepsPerWarp steps per warp): no shared-memory staging.
+// Each lane loads its own weight bytes and scales straight into registers, kOrDepth steps ahead of the step
+// it decodes, so a warp keeps kOrDepth x kOrRows x 256 bytes in flight
 // without cp.async's write and read of every byte through shared memory and without a warp-wide wait per
 // turn (benchmarks/NOTES.md, gemv row 27).
 // A step is kOrRows W rows x 256 packed bytes (512 elements); lane (g, t) holds bytes 32g + 8t .. + 7 of each
@@ -738,9 +739,11 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 #endif
 // W rows per tile (kOrRows / 2 m-tiles, sharing each x load) and steps loaded ahead per warp: 8 and 2 were
 // the fastest of 4 / 2-4 and 8 / 2-3 at 16 warps per SM (NOTES gemv row 27); more do not fit in 128
-// registers without spilling.
+// registers without spilling. The ring has one slot more than the steps in flight: a step is decoded from
+// its slot, which is then refilled, so no slot is copied out first (NOTES gemv row 31).
 constexpr int kOrRows = NF4_OR_ROWS;
 constexpr int kOrDepth = NF4_OR_DEPTH;
+constexpr int kOrRing = kOrDepth + 1;
 constexpr int kOrStepBytes = 256;           // packed bytes per W row per step: 32 lanes x 8
 constexpr int kOrStep = 2 * kOrStepBytes;   // K elements per step; the path needs K % kOrStep == 0
 #ifndef NF4_OR_WARPS
@@ -776,50 +779,66 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   const int steps = static_cast<int>(cols / kOrStep);  // per tile
   const int64_t tiles = (rows + kOrRows - 1) / kOrRows;
   const int64_t row_bytes = cols / 2;
+  const int64_t row_scales = cols >> blocksize_log2;  // whole blocks per W row (the host's rule)
   const int64_t warp_id = int64_t{blockIdx.x} * kOrWarps + threadIdx.x / 32;
   const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kOrWarps, tiles * steps);
   const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
 
   // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
-  // flat element index of the lane's segment in tile row 0.
+  // tile's first scale (row 0's first block). Row r's bytes and scales are row r x row_bytes and row r x
+  // row_scales further on, added row by row: per-row 64-bit index math was most of this loop's instructions
+  // (NOTES gemv row 31).
   int64_t load_tile = mine.first / steps;
   int load_s = static_cast<int>(mine.first - load_tile * steps);
   const uint8_t* load_weight = nullptr;
-  int64_t load_element = 0;
+  const float* load_tile_scales = nullptr;
   int load_rows = 0;  // the tile's rows that exist (the last tile's others load as zeros)
   const auto seek = [&] {
     const int64_t first_row = load_tile * kOrRows;
     load_weight = packed + first_row * row_bytes + int64_t{load_s} * kOrStepBytes + lane_byte;
-    load_element = first_row * cols + int64_t{load_s} * kOrStep + 64 * g;
+    load_tile_scales = absmax + first_row * row_scales;
     load_rows = static_cast<int>(rows - first_row < kOrRows ? rows - first_row : kOrRows);
   };
   const auto load_step = [&](uint2(&weights)[kOrRows], float(&scales)[kOrRows]) {
+    const uint8_t* weight = load_weight;
+    // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
+    const float* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
+    if (load_rows == kOrRows) {  // every tile but a short last one
 #pragma unroll
-    for (int r = 0; r < kOrRows; ++r) {
-      if (r >= load_rows) {  // past the end of W (the last tile): zeros, whose outputs are dropped
-        weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
-        continue;
+      for (int r = 0; r < kOrRows; ++r) {
+        weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
+        weight += row_bytes, scale += row_scales;
       }
-      weights[r] = load_once_8(load_weight + r * row_bytes);
-      scales[r] = load_once_f32(absmax + ((load_element + r * cols) >> blocksize_log2));
+    } else {
+#pragma unroll
+      for (int r = 0; r < kOrRows; ++r) {
+        if (r < load_rows) {
+          weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
+        } else {  // past the end of W: zeros, whose outputs are dropped
+          weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
+        }
+        weight += row_bytes, scale += row_scales;
+      }
     }
     load_weight += kOrStepBytes;
-    load_element += kOrStep;
     if (++load_s == steps) load_s = 0, ++load_tile, seek();
   };
   seek();
-  // The ring of steps in flight, slot d holding steps d, d + kOrDepth, ... (indexed by unrolled loops only,
+  // The ring of steps in flight, slot d holding steps d, d + kOrRing, ... (indexed by unrolled loops only,
   // so it stays in registers). The first loads go out before the table fill.
-  uint2 ring_weights[kOrDepth][kOrRows];
-  float ring_scales[kOrDepth][kOrRows];
+  uint2 ring_weights[kOrRing][kOrRows];
+  float ring_scales[kOrRing][kOrRows];
 #pragma unroll
-  for (int d = 0; d < kOrDepth; ++d) {
+  for (int d = 0; d < kOrRing; ++d) {
     if (d < count) load_step(ring_weights[d], ring_scales[d]);
   }
   fill_code_pair_table<T>(or_lut, quant_type);
   __syncthreads();
 
-  const uint32_t lut = static_cast<uint32_t>(__cvta_generic_to_shared(or_lut));
+  // The table's address, taken from lane 0 so that the compiler sees one value per warp: it then keeps it in a
+  // uniform register and adds it inside each lookup's load ([R+UR]); computed per lane it cost an add per
+  // lookup (64 per step) and pushed the loop into spills (NOTES gemv row 31).
+  const uint32_t lut = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(__cvta_generic_to_shared(or_lut)), 0);
   const uint32_t lane4 = 4 * lane;
   const int64_t first_tile = mine.first / steps;
   int64_t tile = first_tile;
@@ -857,16 +876,13 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     }
   };
 
-  for (int q0 = 0; q0 < count; q0 += kOrDepth) {
+  for (int q0 = 0; q0 < count; q0 += kOrRing) {
 #pragma unroll
-    for (int d = 0; d < kOrDepth; ++d) {
+    for (int d = 0; d < kOrRing; ++d) {
       const int q = q0 + d;
       if (q >= count) break;
-      uint2 weights[kOrRows];
-      float scales[kOrRows];
-#pragma unroll
-      for (int r = 0; r < kOrRows; ++r) weights[r] = ring_weights[d][r], scales[r] = ring_scales[d][r];
-      if (q + kOrDepth < count) load_step(ring_weights[d], ring_scales[d]);
+      const uint2(&weights)[kOrRows] = ring_weights[d];
+      const float(&scales)[kOrRows] = ring_scales[d];
 #ifdef NF4_OR_NO_DECODE  // timing build: the stream alone (every loaded value still feeds the result)
       uint32_t bits = 0;
 #pragma unroll
@@ -890,6 +906,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         acc[2 * mt + 1] = fmaf(scales[2 * mt + 1], odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
       }
 #endif
+      if (q + kOrRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
       if (s + 1 == steps || q + 1 == count) flush(from_tile_start && s + 1 == steps);
       if (++s == steps) s = 0, ++tile, from_tile_start = true;
     }
@@ -970,12 +987,13 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 }
 
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
-// one row of x, plain absmax, whole 512-element steps, and enough steps that every warp of one CTA per SM
+// one row of x, plain absmax, whole 512-element steps, W rows that start on absmax block boundaries (its
+// scale addresses step by whole rows of blocks), and enough steps that every warp of one CTA per SM
 // has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins),
 // on a GPU whose memory class it pays on (ops.h, one_row_gemv_pays).
-bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int64_t rows, int64_t cols) {
+bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
   const int64_t warps = int64_t{kOrWarps} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 &&
+  return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
          (rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= kOrMinStepsPerWarp * warps &&
          one_row_gemv_pays(peak_memory_GBps());
 }
@@ -1093,7 +1111,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
     if constexpr (!std::is_same_v<T, float>) {
-      if (tensor_cores && one_row_gemv_applies(x_rows, scales, rows, cols)) {
+      if (tensor_cores && one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols)) {
         launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, bias_data, out_data, out, stream);
         return;
       }
