@@ -121,7 +121,7 @@ constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
 // The one-row kernel (csrc/gemv.cu, one_row_gemv_applies) takes one row of x on the large layers of the slower
 // class only: on an H100 it was 4-8% faster there than the tensor-core kernel (NOTES gemv row 27), on an H200
 // 5-9% slower (same process, one build each: NOTES gemv row 29), so there the tensor-core kernel keeps them.
-// Since row 31 the one-row kernel is even with it there or up to 4% faster (same process), not yet run
+// Since row 31 the one-row kernel is even with it there or up to 4-5% faster (same process), not yet run
 // through the H200 suite, so the rule stands until it is.
 inline bool one_row_gemv_pays(int64_t peak_memory_GBps) { return peak_memory_GBps < kFastMemoryMinPeakGBps; }
 
