@@ -159,15 +159,15 @@ def one_row_kernel_pays() -> bool:
 
 def one_row_shape(steps: int) -> tuple[int, int]:
     """A weight that takes the one-row kernel at one row of x (csrc/gemv.cu, kOr*: K % 512 == 0 and at least
-    12 steps of 8 rows x 512 elements per warp, 16 warps per SM), with `steps` steps per 8-row tile and a last
-    tile of 3 rows (the others load as zeros)."""
+    12 steps of 8 rows x 512 elements per warp, 16 warps per SM; the kernel also needs K % blocksize == 0), with
+    `steps` steps per 8-row tile and a last tile of 3 rows (the others load as zeros)."""
     tiles = -(-12 * 16 * torch.cuda.get_device_properties(0).multi_processor_count // steps) + 1
     return 8 * tiles - 5, 512 * steps
 
 
 # (steps per tile, blocksize, quant_type, dtype, bias): odd and even step counts, so warps' runs end anywhere in
-# a tile and on any slot of the load ring; every blocksize (one absmax value per segment, per 2-8 segments,
-# per step, per 8 or 3 steps), and blocks of 4096 that span two rows at K = 5120, which the one-row kernel
+# a tile and on any slot of the load ring; every blocksize (one absmax value per segment, per 2 or 4 segments,
+# per step, per 2, 4 or 8 steps), and blocks of 4096 that span two rows at K = 5120, which the one-row kernel
 # leaves to the tensor-core kernel (its scale addresses need rows that start on a block).
 ONE_ROW_CASES = [
     (17, 64, "nf4", torch.bfloat16, True),
