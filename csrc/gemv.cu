@@ -1,6 +1,6 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x on sm_80+, plain absmax, on the large
-//    layers, on GPUs of the slower memory class (one_row_gemv_applies);
+//    layers (one_row_gemv_applies);
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
@@ -620,7 +620,12 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     for (int i = lane; i < x_rows * Tile::kRows; i += 32) partial[warp_id * 2 * x_rows * Tile::kRows + i] = 0.0f;
     return;
   }
-  const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  // In the one-CTA-per-tile instances the table's address is taken from lane 0, as in one_row_gemv_kernel: the
+  // compiler then keeps it in a uniform register and each lookup loads [R+UR]; computed per lane it cost an add
+  // per lookup there. The stream-K instances get [R+UR] either way, and the shuffle only moved their spills
+  // (NOTES gemv row 32).
+  const uint32_t lut_address = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  const uint32_t lut_shared = kCtaPerTile ? __shfl_sync(0xFFFFFFFFu, lut_address, 0) : lut_address;
   const uint32_t lane4 = 4 * lane;
   // Where the warp is: turn `s` of tile `tile`; the warp's part of the tile began at turn `part_begin`.
   int64_t tile = first_tile;
@@ -989,13 +994,13 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
 // one row of x, plain absmax, whole 512-element steps, W rows that start on absmax block boundaries (its
 // scale addresses step by whole rows of blocks), and enough steps that every warp of one CTA per SM
-// has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins),
-// on a GPU whose memory class it pays on (ops.h, one_row_gemv_pays).
+// has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins).
+// Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
+// leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29).
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
   const int64_t warps = int64_t{kOrWarps} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
-         (rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= kOrMinStepsPerWarp * warps &&
-         one_row_gemv_pays(peak_memory_GBps());
+         (rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= kOrMinStepsPerWarp * warps;
 }
 
 template <typename T>

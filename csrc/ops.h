@@ -118,13 +118,6 @@ constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
     {100, 48},  // Llama gate/up (112 MiB): three launches 17% faster at 48 rows, four 12% slower at 64
 };
 
-// The one-row kernel (csrc/gemv.cu, one_row_gemv_applies) takes one row of x on the large layers of the slower
-// class only: on an H100 it was 4-8% faster there than the tensor-core kernel (NOTES gemv row 27), on an H200
-// 5-9% slower (same process, one build each: NOTES gemv row 29), so there the tensor-core kernel keeps them.
-// Since row 31 the one-row kernel is even with it there or up to 4-5% faster (same process), not yet run
-// through the H200 suite, so the rule stands until it is.
-inline bool one_row_gemv_pays(int64_t peak_memory_GBps) { return peak_memory_GBps < kFastMemoryMinPeakGBps; }
-
 inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
   const int64_t packed_mib = rows * cols / 2 / (int64_t{1} << 20);
   int64_t max_rows = 0;

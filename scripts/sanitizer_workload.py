@@ -81,8 +81,7 @@ def main():
         failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
     # The one-row kernel (one row of x, plain absmax, K % 512 == 0 and K % blocksize == 0, at least 12 steps of
     # 8 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py one_row_shape, whose test checks
-    # which kernel runs): 17 steps per tile and a last tile of 3 rows (its others load as zeros). On GPUs of the
-    # fast memory class (csrc/ops.h, one_row_gemv_pays) this call takes the tensor-core kernel instead.
+    # which kernel runs): 17 steps per tile and a last tile of 3 rows (its others load as zeros).
     one_row_n, one_row_k = 8 * (-(-12 * 16 * sms // 17) + 1) - 5, 512 * 17
     packed, args = random_weight(one_row_n, one_row_k, 64, False)
     failures += check_gemv(packed, args, 1, f"{one_row_n}x{one_row_k} one-row kernel")

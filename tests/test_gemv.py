@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -148,15 +147,6 @@ def test_gemv_wide_tiles(nested, rows):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-def one_row_kernel_pays() -> bool:
-    """Whether nf4::gemv takes the one-row kernel on this GPU's memory (csrc/ops.h, one_row_gemv_pays: a peak
-    bandwidth below kFastMemoryMinPeakGBps, read from there; the peak as csrc/gemv.cu's peak_memory_GBps)."""
-    ops_h = (Path(__file__).resolve().parents[1] / "csrc" / "ops.h").read_text()
-    limit = int(re.search(r"kFastMemoryMinPeakGBps = (\d+);", ops_h).group(1))
-    props = torch.cuda.get_device_properties(0)
-    return 2 * props.memory_clock_rate * (props.memory_bus_width // 8) // 1_000_000 < limit
-
-
 def one_row_shape(steps: int) -> tuple[int, int]:
     """A weight that takes the one-row kernel at one row of x (csrc/gemv.cu, kOr*: K % 512 == 0 and at least
     12 steps of 8 rows x 512 elements per warp, 16 warps per SM; the kernel also needs K % blocksize == 0), with
@@ -194,9 +184,9 @@ def test_gemv_one_row_kernel(case):
         out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
         torch.cuda.synchronize()
     names = [event.name for event in profile.events()]
-    # this test is about the one-row kernel, so it fails if the call did not take it where it pays and applies
-    # (rows that start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must)
-    takes_one_row = one_row_kernel_pays() and shape[1] % blocksize == 0
+    # this test is about the one-row kernel, so it fails if the call did not take it where it applies (rows that
+    # start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must)
+    takes_one_row = shape[1] % blocksize == 0
     kernel = "one_row_gemv_kernel" if takes_one_row else "tc_gemv_kernel"
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
     assert_gemv_close(out, x, packed, args, bias)
