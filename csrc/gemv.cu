@@ -788,13 +788,15 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   const int64_t warp_id = int64_t{blockIdx.x} * kOrWarps + threadIdx.x / 32;
   const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kOrWarps, tiles * steps);
   const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
+  const int64_t first_tile = mine.first / steps;  // the tile and step the warp's run begins at
+  const int first_s = static_cast<int>(mine.first - first_tile * steps);
 
   // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
   // tile's first scale (row 0's first block). Row r's bytes and scales are row r x row_bytes and row r x
   // row_scales further on, added row by row: per-row 64-bit index math was most of this loop's instructions
   // (NOTES gemv row 31).
-  int64_t load_tile = mine.first / steps;
-  int load_s = static_cast<int>(mine.first - load_tile * steps);
+  int64_t load_tile = first_tile;
+  int load_s = first_s;
   const uint8_t* load_weight = nullptr;
   const float* load_tile_scales = nullptr;
   int load_rows = 0;  // the tile's rows that exist (the last tile's others load as zeros)
@@ -845,9 +847,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   // lookup (64 per step) and pushed the loop into spills (NOTES gemv row 31).
   const uint32_t lut = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(__cvta_generic_to_shared(or_lut)), 0);
   const uint32_t lane4 = 4 * lane;
-  const int64_t first_tile = mine.first / steps;
   int64_t tile = first_tile;
-  int s = static_cast<int>(mine.first - tile * steps);
+  int s = first_s;
   bool from_tile_start = s == 0;  // the warp's part of `tile` began at its step 0
   const T* x_lane = x + 64 * g + 16 * t;
   // Segment g's sums of the step sit on the diagonal, in lane (g, g / 2): result column g % 2 for row 2mt
@@ -1012,14 +1013,19 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
   const int64_t grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t warps = grid * kOrWarps;
   const int steps = static_cast<int>(cols / kOrStep);
-  at::Tensor partial = at::empty({tc_partial_floats(warps, 1, kOrRows)}, like.options().dtype(at::kFloat));
-  one_row_gemv_kernel<T><<<static_cast<int>(grid), kOrWarps * 32, kTcLutBytes, stream>>>(
-      x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out,
-      partial.mutable_data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (steps > 1) {  // with one step per tile no tile is shared
-    launch_add_tile_parts<T>(partial.mutable_data_ptr<float>(), warps, steps, kOrRows, rows, 1, bias, out, grid, stream);
+  // With one step per tile no tile is shared: every warp writes its tiles whole and the parts' buffer and the
+  // adding kernel are not needed.
+  const bool shared_tiles = steps > 1;
+  at::Tensor partial;
+  float* partial_data = nullptr;
+  if (shared_tiles) {
+    partial = at::empty({tc_partial_floats(warps, 1, kOrRows)}, like.options().dtype(at::kFloat));
+    partial_data = partial.mutable_data_ptr<float>();
   }
+  one_row_gemv_kernel<T><<<static_cast<int>(grid), kOrWarps * 32, kTcLutBytes, stream>>>(
+      x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out, partial_data);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (shared_tiles) launch_add_tile_parts<T>(partial_data, warps, steps, kOrRows, rows, 1, bias, out, grid, stream);
 }
 
 template <typename T>

@@ -158,8 +158,10 @@ def one_row_shape(steps: int) -> tuple[int, int]:
 # (steps per tile, blocksize, quant_type, dtype, bias): odd and even step counts, so warps' runs end anywhere in
 # a tile and on any slot of the load ring; every blocksize (one absmax value per segment, per 2 or 4 segments,
 # per step, per 2, 4 or 8 steps), and blocks of 4096 that span two rows at K = 5120, which the one-row kernel
-# leaves to the tensor-core kernel (its scale addresses need rows that start on a block).
+# leaves to the tensor-core kernel (its scale addresses need rows that start on a block); and one step per tile
+# (K = 512, ~200k rows of W), where no tile is shared and the call launches no adding kernel and no parts' buffer.
 ONE_ROW_CASES = [
+    (1, 512, "nf4", torch.bfloat16, True),
     (17, 64, "nf4", torch.bfloat16, True),
     (17, 128, "fp4", torch.float16, False),
     (10, 4096, "nf4", torch.bfloat16, True),
@@ -189,6 +191,8 @@ def test_gemv_one_row_kernel(case):
     takes_one_row = shape[1] % blocksize == 0
     kernel = "one_row_gemv_kernel" if takes_one_row else "tc_gemv_kernel"
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
+    if takes_one_row:  # the shared tiles' parts are added by a second kernel, which one step per tile needs not
+        assert sum("add_tile_parts_kernel" in name for name in names) == (1 if steps > 1 else 0), names
     assert_gemv_close(out, x, packed, args, bias)
     for _ in range(2):
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
