@@ -777,7 +777,8 @@ template <typename T>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols,
-                        const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
+                        const T* __restrict__ bias, T* __restrict__ out,
+                        float* __restrict__ partial) {  // null when a tile is one step: every tile is then whole
   extern __shared__ __align__(16) uint8_t or_lut[];
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int lane_byte = 32 * g + 8 * t;

@@ -93,8 +93,9 @@ constexpr int64_t kFusedGemvMaxRows = 8;
 //    and dequantize + cuBLAS costs ~4 of them (it writes and reads W in 16 bits), on a small W a launch is
 //    latency-bound and costs about as much as dequantize + cuBLAS: so how many launches pay depends on the
 //    size of W, and on the GPU's memory: the launches are limited by the decode's issue rate more than by
-//    the memory (62-75% of the read ceiling on an H100, 54-68% on an H200), dequantize + cuBLAS by the
-//    memory, so on faster memory dequantize + cuBLAS catches up sooner. Each limit below is the largest row
+//    the memory (at 16 rows 42-51% of the read ceiling on the large layers of an H100, 34-40% on an H200:
+//    benchmarks/results), dequantize + cuBLAS by the memory, so on faster memory dequantize + cuBLAS
+//    catches up sooner. Each limit below is the largest row
 //    count at which the launches were faster, measured per memory class on the paper's layer shapes
 //    (NOTES gemv rows 18 and 20); the class is the peak DRAM bandwidth from the device's memory clock and
 //    bus width. GPUs other than these two use the class their bandwidth falls in.
