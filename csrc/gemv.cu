@@ -757,7 +757,7 @@ constexpr int kOrStep = 2 * kOrStepBytes;   // K elements per step; the path nee
 constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (they share one table)
 // Layers with fewer steps per warp (the q/o layers: 5-8) keep the tensor-core kernel, which was 3-9% faster
 // there at one row; from 13 steps per warp (gate/up, down) this kernel was 4-8% faster (H100, NOTES gemv
-// row 27).
+// row 27). On an H200 the tensor-core kernel was still 4-6% faster on the q/o layers after row 31 (row 34).
 constexpr int kOrMinStepsPerWarp = 12;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 
