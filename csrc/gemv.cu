@@ -595,16 +595,27 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
 
   // The first stages' copies go out before the table fill, so they are in flight while it runs.
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  int64_t staged_tile = first_tile;
-  int staged_s = static_cast<int>(mine.first - first_tile * turns);
-  StageSource source = stage_source<Tile::kRows>(packed, staged_tile, staged_s, lane, rows, cols);
-  const auto stage_next = [&](int64_t q) {  // requests the warp's turn q (in order) into its stage
+  const int first_s = static_cast<int>(mine.first - first_tile * turns);
+  int64_t staged_tile = first_tile;  // where the next staged turn is (16-row tiles only, see below)
+  int staged_s = first_s;
+  StageSource source = stage_source<Tile::kRows>(packed, first_tile, first_s, lane, rows, cols);
+  // Requests the warp's turn q (in order), which is turn q_s (possibly past the end: the next tiles) of tile
+  // q_tile, into its stage, and moves `source` to the next tile after the tile's last turn. The 32-row tiles
+  // take the tile change from (q_tile, q_s): kept in counters of their own there, the counters were spilled,
+  // and reloading them from local memory every turn took 15% of the stall samples at 16 rows on an H200
+  // (NOTES gemv rows 35-36); the 16-row tiles keep the counters, which cost them fewer instructions and spills.
+  const auto stage_next = [&](int64_t q, int64_t q_tile, int q_s) {
     stage_turn<Tile::kRows, kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes,
                                      source, rows, cols, scales, blocksize_log2, blocks, lane);
-    if (++staged_s == turns) staged_s = 0, source = stage_source<Tile::kRows>(packed, ++staged_tile, 0, lane, rows, cols);
+    if constexpr (kMTiles == 2) {
+      while (q_s >= turns) q_s -= turns, ++q_tile;
+      if (q_s + 1 == turns) source = stage_source<Tile::kRows>(packed, q_tile + 1, 0, lane, rows, cols);
+    } else {
+      if (++staged_s == turns) staged_s = 0, source = stage_source<Tile::kRows>(packed, ++staged_tile, 0, lane, rows, cols);
+    }
   };
   for (int q = 0; q < kTcStages - 1; ++q) {
-    if (q < count) stage_next(q);
+    if (q < count) stage_next(q, first_tile, first_s + q);
     copy_async_commit();
   }
 
@@ -629,7 +640,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const uint32_t lane4 = 4 * lane;
   // Where the warp is: turn `s` of tile `tile`; the warp's part of the tile began at turn `part_begin`.
   int64_t tile = first_tile;
-  int s = static_cast<int>(mine.first - tile * turns);
+  int s = first_s;
   int part_begin = s;
   // This lane's x row g at turn s (the host takes one n-tile for x_rows <= 8, two above: XRows).
   const int x_row = g < x_rows ? g : 0;
@@ -666,7 +677,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   // turn's copies, decode it. The warp-wide syncs make every lane's copies visible to the others, and keep
   // a stage from being refilled while a lane still reads it.
   for (int64_t q = 0; q < count; ++q) {
-    if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1);
+    if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1, tile, s + kTcStages - 1);
     copy_async_commit();
     copy_async_wait<kTcStages - 1>();
     __syncwarp();
