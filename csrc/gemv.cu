@@ -745,8 +745,10 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // the warp leaves the tile (NOTES gemv row 26). A segment is one 64-element absmax piece (K % 512 == 0 and
 // blocksize >= 64), so each A row's scale goes onto the mma's fp32 sums once per step. The k order inside a
 // segment is the tensor-core path's (lane t's 16 consecutive elements, k-tile j its bytes 2j and 2j + 1).
-// The (tile, step) sequence is split over the warps as the tensor-core path splits its turns, and the tiles
-// that two warps share go through add_tile_parts_kernel.
+// Each CTA owns a contiguous range of W rows (the rows split evenly over the CTAs, one per SM), tiled from its
+// first row, its last tile partial; its (tile, step) sequence is split over its warps as the tensor-core path
+// splits its turns, and the tiles that two of its warps share are added in shared memory at the CTA's end, so
+// no parts leave the CTA and no second kernel runs (NOTES gemv row 37).
 #ifndef NF4_OR_ROWS  // build-time knobs for tuning runs (benchmarks/NOTES.md)
 #define NF4_OR_ROWS 8
 #endif
@@ -784,39 +786,68 @@ __device__ __forceinline__ float load_once_f32(const float* from) {
   return v;
 }
 
+// The W rows of CTA `cta` of `ctas`: [first, end).
+struct CtaRows {
+  int64_t first, end;
+};
+__host__ __device__ inline CtaRows cta_rows(int64_t cta, int64_t ctas, int64_t rows) {
+  return CtaRows{cta * rows / ctas, (cta + 1) * rows / ctas};
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols,
-                        const T* __restrict__ bias, T* __restrict__ out,
-                        float* __restrict__ partial) {  // null when a tile is one step: every tile is then whole
+                        const T* __restrict__ bias, T* __restrict__ out) {
   extern __shared__ __align__(16) uint8_t or_lut[];
+  // the parts of the CTA's shared tiles: [warp][0: its first tile, 1: its last][tile row]
+  __shared__ float tile_parts[kOrWarps][2][kOrRows];
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int lane_byte = 32 * g + 8 * t;
   const int steps = static_cast<int>(cols / kOrStep);  // per tile
-  const int64_t tiles = (rows + kOrRows - 1) / kOrRows;
   const int64_t row_bytes = cols / 2;
   const int64_t row_scales = cols >> blocksize_log2;  // whole blocks per W row (the host's rule)
-  const int64_t warp_id = int64_t{blockIdx.x} * kOrWarps + threadIdx.x / 32;
-  const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kOrWarps, tiles * steps);
+  // From here on rows, tiles and pointers are the CTA's: 32-bit row and tile indices (one SM's share of W)
+  // keep the loop's cursor in registers.
+  const CtaRows cta = cta_rows(blockIdx.x, gridDim.x, rows);
+  const int cta_row_count = static_cast<int>(cta.end - cta.first);
+  packed += cta.first * row_bytes;
+  absmax += cta.first * row_scales;
+  out += cta.first;
+  if (bias != nullptr) bias += cta.first;
+  const int64_t total = int64_t{(cta_row_count + kOrRows - 1) / kOrRows} * steps;  // the CTA's (tile, step)s
+  const int warp = threadIdx.x / 32;
+  const WarpTurns mine = warp_turns(warp, kOrWarps, total);
   const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
-  const int64_t first_tile = mine.first / steps;  // the tile and step the warp's run begins at
-  const int first_s = static_cast<int>(mine.first - first_tile * steps);
+  const int first_tile = static_cast<int>(mine.first / steps);  // the tile and step the warp's run begins at
+  const int first_s = static_cast<int>(mine.first - int64_t{first_tile} * steps);
+  // The CTA's shared tiles: a warp whose run began inside a tile shares it with the warps before; the warp that
+  // holds the tile's last step adds every sharer's part at the CTA's end. This warp's part in that: -1 for none,
+  // else the first sharer's slot, first_sharer x 2 + (1 if the tile is that warp's last, 0 if its first), kept
+  // in one register across the loop.
+  int merge_from = -1;
+  if (first_s != 0) {
+    const int64_t tile_first = int64_t{first_tile} * steps;
+    if (warp_of_turn(tile_first + steps - 1, kOrWarps, total) == warp) {
+      const int64_t first_sharer = warp_of_turn(tile_first, kOrWarps, total);
+      merge_from = static_cast<int>(first_sharer * 2 + (warp_turns(first_sharer, kOrWarps, total).first < tile_first));
+    }
+  }
 
   // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
   // tile's first scale (row 0's first block). Row r's bytes and scales are row r x row_bytes and row r x
   // row_scales further on, added row by row: per-row 64-bit index math was most of this loop's instructions
   // (NOTES gemv row 31).
-  int64_t load_tile = first_tile;
+  int load_tile = first_tile;
   int load_s = first_s;
   const uint8_t* load_weight = nullptr;
   const float* load_tile_scales = nullptr;
-  int load_rows = 0;  // the tile's rows that exist (the last tile's others load as zeros)
+  int load_rows = 0;  // the tile's rows in the CTA's range (the last tile's others load as zeros)
   const auto seek = [&] {
-    const int64_t first_row = load_tile * kOrRows;
+    const int first_row = load_tile * kOrRows;
     load_weight = packed + first_row * row_bytes + int64_t{load_s} * kOrStepBytes + lane_byte;
     load_tile_scales = absmax + first_row * row_scales;
-    load_rows = static_cast<int>(rows - first_row < kOrRows ? rows - first_row : kOrRows);
+    load_rows = min(cta_row_count - first_row, kOrRows);
   };
   const auto load_step = [&](uint2(&weights)[kOrRows], float(&scales)[kOrRows]) {
     const uint8_t* weight = load_weight;
@@ -833,7 +864,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       for (int r = 0; r < kOrRows; ++r) {
         if (r < load_rows) {
           weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
-        } else {  // past the end of W: zeros, whose outputs are dropped
+        } else {  // past the CTA's rows: zeros, whose outputs are dropped
           weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
         }
         weight += row_bytes, scale += row_scales;
@@ -859,7 +890,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   // lookup (64 per step) and pushed the loop into spills (NOTES gemv row 31).
   const uint32_t lut = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(__cvta_generic_to_shared(or_lut)), 0);
   const uint32_t lane4 = 4 * lane;
-  int64_t tile = first_tile;
+  int tile = first_tile;
   int s = first_s;
   bool from_tile_start = s == 0;  // the warp's part of `tile` began at its step 0
   const T* x_lane = x + 64 * g + 16 * t;
@@ -872,7 +903,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
 
   // The warp leaves `tile`: add the 8 segments of each row by a butterfly over the warp (the same order on
   // every run; lanes off the diagonal give zeros); lane r writes row r, to the output when the warp took the
-  // whole tile, else to its slot for the tile (0: its first tile, 1: its last) for add_tile_parts_kernel.
+  // whole tile, else to its slot for the tile (0: its first tile, 1: its last), added at the CTA's end.
   const auto flush = [&](bool whole) {
     float row_sum[kOrRows];
 #pragma unroll
@@ -884,12 +915,12 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       for (int offset = 16; offset > 0; offset /= 2) row_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, row_sum[r], offset);
       if (lane == r) mine_sum = row_sum[r];
     }
-    const int64_t n = tile * kOrRows + lane;
-    if (lane < kOrRows && n < rows) {
+    const int n = tile * kOrRows + lane;
+    if (lane < kOrRows && n < cta_row_count) {
       if (whole) {
         out[n] = from_float<T>(bias != nullptr ? mine_sum + to_float(bias[n]) : mine_sum);
       } else {
-        partial[(warp_id * 2 + (tile == first_tile ? 0 : 1)) * kOrRows + lane] = mine_sum;
+        tile_parts[warp][tile == first_tile ? 0 : 1][lane] = mine_sum;
       }
     }
   };
@@ -928,6 +959,15 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       if (s + 1 == steps || q + 1 == count) flush(from_tile_start && s + 1 == steps);
       if (++s == steps) s = 0, ++tile, from_tile_start = true;
     }
+  }
+
+  // The shared tile this warp adds, in warp order (the same bits on every run).
+  __syncthreads();
+  const int n = first_tile * kOrRows + lane;
+  if (merge_from >= 0 && lane < kOrRows && n < cta_row_count) {
+    float sum = tile_parts[merge_from / 2][merge_from % 2][lane];
+    for (int w = merge_from / 2 + 1; w <= warp; ++w) sum += tile_parts[w][0][lane];
+    out[n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
 }
 
@@ -1006,38 +1046,26 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
 // one row of x, plain absmax, whole 512-element steps, W rows that start on absmax block boundaries (its
-// scale addresses step by whole rows of blocks), and enough steps that every warp of one CTA per SM
-// has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one CTA per tile wins).
+// scale addresses step by whole rows of blocks), and enough steps that every warp of the CTA with the fewest
+// rows (one CTA per SM) has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one
+// CTA per tile wins).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
 // leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29).
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
-  const int64_t warps = int64_t{kOrWarps} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
   return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
-         (rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= kOrMinStepsPerWarp * warps;
+         (fewest_rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= int64_t{kOrMinStepsPerWarp} * kOrWarps;
 }
 
 template <typename T>
 void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
-                         int64_t rows, int64_t cols, const T* bias, T* out, const at::Tensor& like,
-                         cudaStream_t stream) {
+                         int64_t rows, int64_t cols, const T* bias, T* out, cudaStream_t stream) {
   static std::atomic<int64_t> resident[64] = {};
   prepare_kernel(resident, one_row_gemv_kernel<T>, kOrWarps * 32, kTcLutBytes);
-  const int64_t grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t warps = grid * kOrWarps;
-  const int steps = static_cast<int>(cols / kOrStep);
-  // With one step per tile no tile is shared: every warp writes its tiles whole and the parts' buffer and the
-  // adding kernel are not needed.
-  const bool shared_tiles = steps > 1;
-  at::Tensor partial;
-  float* partial_data = nullptr;
-  if (shared_tiles) {
-    partial = at::empty({tc_partial_floats(warps, 1, kOrRows)}, like.options().dtype(at::kFloat));
-    partial_data = partial.mutable_data_ptr<float>();
-  }
-  one_row_gemv_kernel<T><<<static_cast<int>(grid), kOrWarps * 32, kTcLutBytes, stream>>>(
-      x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out, partial_data);
+  const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
+  one_row_gemv_kernel<T><<<grid, kOrWarps * 32, kTcLutBytes, stream>>>(
+      x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (shared_tiles) launch_add_tile_parts<T>(partial_data, warps, steps, kOrRows, rows, 1, bias, out, grid, stream);
 }
 
 template <typename T>
@@ -1135,7 +1163,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
     if constexpr (!std::is_same_v<T, float>) {
       if (tensor_cores && one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols)) {
-        launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, bias_data, out_data, out, stream);
+        launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, bias_data, out_data, stream);
         return;
       }
       if (tensor_cores) {  // one launch per kTensorCoreGemvLaunchRows rows of x (ops.h says when that pays)

@@ -148,18 +148,21 @@ def test_gemv_wide_tiles(nested, rows):
 
 
 def one_row_shape(steps: int) -> tuple[int, int]:
-    """A weight that takes the one-row kernel at one row of x (csrc/gemv.cu, kOr*: K % 512 == 0 and at least
-    12 steps of 8 rows x 512 elements per warp, 16 warps per SM; the kernel also needs K % blocksize == 0), with
-    `steps` steps per 8-row tile and a last tile of 3 rows (the others load as zeros)."""
-    tiles = -(-12 * 16 * torch.cuda.get_device_properties(0).multi_processor_count // steps) + 1
-    return 8 * tiles - 5, 512 * steps
+    """A weight that takes the one-row kernel at one row of x (csrc/gemv.cu, kOr*: K % 512 == 0, one CTA of 16
+    warps per SM, each CTA a range of N / SMs rows tiled in 8-row tiles, and at least 12 steps of 8 rows x 512
+    elements per warp of the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps`
+    steps per tile. The CTAs get 8 t - 6 or 8 t - 5 rows (t tiles each), so every CTA's last tile has 2 or 3 rows
+    (its other rows load as zeros)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles_per_cta = -(-12 * 16 // steps)
+    return (8 * tiles_per_cta - 6) * sms + 7, 512 * steps
 
 
 # (steps per tile, blocksize, quant_type, dtype, bias): odd and even step counts, so warps' runs end anywhere in
 # a tile and on any slot of the load ring; every blocksize (one absmax value per segment, per 2 or 4 segments,
 # per step, per 2, 4 or 8 steps), and blocks of 4096 that span two rows at K = 5120, which the one-row kernel
 # leaves to the tensor-core kernel (its scale addresses need rows that start on a block); and one step per tile
-# (K = 512, ~200k rows of W), where no tile is shared and the call launches no adding kernel and no parts' buffer.
+# (K = 512, ~200k rows of W), where no tile is shared.
 ONE_ROW_CASES = [
     (1, 512, "nf4", torch.bfloat16, True),
     (17, 64, "nf4", torch.bfloat16, True),
@@ -191,8 +194,8 @@ def test_gemv_one_row_kernel(case):
     takes_one_row = shape[1] % blocksize == 0
     kernel = "one_row_gemv_kernel" if takes_one_row else "tc_gemv_kernel"
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
-    if takes_one_row:  # the shared tiles' parts are added by a second kernel, which one step per tile needs not
-        assert sum("add_tile_parts_kernel" in name for name in names) == (1 if steps > 1 else 0), names
+    if takes_one_row:  # the CTA adds its shared tiles' parts itself: no second kernel
+        assert not any("add_tile_parts_kernel" in name for name in names), names
     assert_gemv_close(out, x, packed, args, bias)
     for _ in range(2):
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
