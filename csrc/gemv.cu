@@ -706,6 +706,7 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 }
 
 // For every tile that more than one warp shared: out = the warps' slots added in warp order (+ bias).
+// (one_row_gemv_kernel applies the same slot rule within each CTA, in shared memory.)
 // Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs. Of the
 // warps that share a tile, only the first can have begun in an earlier tile (slot 1); every later one
 // began in this tile (slot 0, zeros for a warp with no turns).
@@ -822,7 +823,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   const int first_tile = static_cast<int>(mine.first / steps);  // the tile and step the warp's run begins at
   const int first_s = static_cast<int>(mine.first - int64_t{first_tile} * steps);
   // The CTA's shared tiles: a warp whose run began inside a tile shares it with the warps before; the warp that
-  // holds the tile's last step adds every sharer's part at the CTA's end. This warp's part in that: -1 for none,
+  // holds the tile's last step adds every sharer's part at the CTA's end, from the slots add_tile_parts_kernel
+  // reads for the tensor-core kernel (the same rule, per CTA here). This warp's part in that: -1 for none,
   // else the first sharer's slot, first_sharer x 2 + (1 if the tile is that warp's last, 0 if its first), kept
   // in one register across the loop.
   int merge_from = -1;
