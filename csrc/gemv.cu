@@ -121,17 +121,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // Work split (stream-K). A tile is 16 W rows (32, two mmas' M, for 9-16 rows of x on large layers: see
 // kTcWideTileMinCols) over all of K, cut into turns of 4 steps (K % 256 == 0, so a turn never straddles a
 // row, nor an absmax block it does not start). The tiles' turns, laid end to end,
-// are shared out evenly over a grid of resident CTAs, and each CTA's run evenly over its warps, so each warp
-// takes one contiguous run of turns, whatever the layer's shape: no warp waits for another, and small-N
-// layers fill the GPU too. Each warp stages its turns through a ring of kTcStages turn-sized buffers in
-// shared memory with cp.async: while it decodes one turn, the next ones (the next tile's first turns
-// included) are in flight, whole 128-byte row pieces per copy instruction, without registers to hold them.
-// A tile that one warp takes whole goes straight to the output; the parts of a tile that several warps
-// share are added at the CTA's end, in shared memory among its warps, and across CTAs by the last CTA to
-// finish its part (add_shared_tiles), all in one launch (before NOTES gemv row 39 a second kernel added
-// them). Small-N layers (no more tiles than resident CTAs, and few turns per tile: tc_cta_per_tile) take one
-// CTA per tile: the same split with the grid cut to one CTA per tile keeps each tile in one CTA, and no part
-// leaves it (NOTES gemv row 19). Every order is fixed, so the result is the same on every run.
+// are shared out evenly over every warp of a grid of resident CTAs, so each warp takes one contiguous run
+// of turns, whatever the layer's shape: no warp waits for another, and small-N layers fill the GPU too.
+// Each warp stages its turns through a ring of kTcStages turn-sized buffers in shared memory with cp.async:
+// while it decodes one turn, the next ones (the next tile's first turns included) are in flight, whole
+// 128-byte row pieces per copy instruction, without registers to hold them. A tile that
+// one warp takes whole goes straight to the output; the parts of a tile that several warps share go to
+// fp32 slots, which a second kernel adds in warp order. Small-N layers (no more tiles than resident CTAs,
+// and few turns per tile: tc_cta_per_tile) take one CTA per tile instead: the same split with the grid
+// cut to one CTA per tile keeps each tile's warps in one CTA, and they add their parts in shared memory,
+// so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Every order is fixed, so the
+// result is the same on every run.
 constexpr int kTcWarps = 16;                      // warps per CTA, one CTA per SM (they share one table)
 constexpr int kTcMmaRows = 16;                    // W rows per mma (its M); a tile is kMTiles of them
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
@@ -474,24 +474,19 @@ __device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, int64_t tile_
   }
 }
 
-// The run of a sequence of `total` turns (or steps) that part `i` of `parts` takes: [first, end), shared out
-// evenly (sizes differ by at most one). The tensor-core kernel shares its (tile, turn) sequence out over its
-// CTAs and each CTA's run over its warps; the one-row kernel each CTA's (tile, step) sequence over its warps.
-// (I: int64_t for a whole grid's turns, int for one CTA's, whose divisions are cheaper)
-template <typename I>
-struct TurnRun {
-  I first, end;
+// Which turns of the flattened (tile, turn) sequence warp `w` of `warps` takes: [first, end), shared out
+// evenly (sizes differ by at most one).
+struct WarpTurns {
+  int64_t first, end;
 };
 
-template <typename I>
-__host__ __device__ inline TurnRun<I> turn_run(I i, I parts, I total) {
-  return TurnRun<I>{i * total / parts, (i + 1) * total / parts};
+__host__ __device__ inline WarpTurns warp_turns(int64_t w, int64_t warps, int64_t total) {
+  return WarpTurns{w * total / warps, (w + 1) * total / warps};
 }
 
-// The part whose run includes turn p (the inverse of turn_run).
-template <typename I>
-__host__ __device__ inline I part_of_turn(I p, I parts, I total) {
-  return ((p + 1) * parts - 1) / total;
+// The warp whose turns include turn p (the inverse of warp_turns).
+__host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_t total) {
+  return ((p + 1) * warps - 1) / total;
 }
 
 // Code value `index` (0..15). (nvcc turns the selects back into one indexed read of the table, which it
@@ -531,78 +526,21 @@ __device__ __forceinline__ AccPosition acc_position(int mt, int nt, int i, int g
   return AccPosition{nt * 8 + 2 * t + i % 2, kTcMmaRows * mt + g + (i >= 2 ? 8 : 0)};
 }
 
-// Where the stream-K instances of tc_gemv_kernel leave the parts of shared tiles in global memory: each warp's
-// part of its first tile when its run goes on past that tile ([CTAs x kTcWarps][x_rows][tile rows] fp32); each
-// CTA's part of the tiles it shares with other CTAs ([CTAs][2][x_rows][tile rows], slot 0 for its first tile,
-// 1 for its last); and one arrival counter per tile, zeroed before the launch. tc_scratch_words says how much.
-struct TcScratch {
-  float* warp_parts;
-  float* cta_parts;
-  int* tile_arrivals;
-};
-
-// The 4-byte words of a TcScratch for `ctas` CTAs: the two kinds of parts, then the counters.
-int64_t tc_scratch_part_floats(int64_t ctas, int64_t x_rows, int tile_rows) {
-  return (ctas * kTcWarps + ctas * 2) * x_rows * tile_rows;
-}
-int64_t tc_scratch_words(int64_t ctas, int64_t x_rows, int tile_rows, int64_t tiles) {
-  return tc_scratch_part_floats(ctas, x_rows, tile_rows) + tiles;
-}
-
-// Where a CTA's run of tc_gemv_kernel's (tile, turn) sequence lies: it begins at turn `phase` of tile
-// first_tile and has `count` turns.
-struct CtaTurns {
-  int64_t first_tile;
-  int phase;
-  int count;
-};
-
-// The end of tc_gemv_kernel: every tile that more than one warp took is added here, in a fixed order (the same
-// bits on every run). The CTA took a run of the grid's (tile, turn) sequence (turn_run), and warp w the w-th of
-// 16 even runs of the CTA's. A tile is shared where a warp's run begins inside it (or ends inside it: the run's
-// last tile), and shared with other CTAs where it begins before the CTA's first turn or ends after its last.
-// 1. Each warp puts its parts into its own ring of stages, whose copies have all landed, as [x row][tile row]
-//    fp32: slot 0 its first tile's part (the sums still in registers if the run ended in that tile, else read
-//    back from TcScratch::warp_parts, where the loop left it), slot 1 its last tile's (the sums in registers);
-//    a warp with no turns gives zeros in slot 0.
-// 2. After a __syncthreads, the warp holding a shared tile's last turn in the CTA adds the sharers' parts in
-//    warp order: the first sharer's slot 1 if its run began before the tile, else its slot 0, then slot 0 of
-//    every later warp (the one-row kernel's merge applies the same rule). The sum goes to the output, or, for
-//    a tile shared with other CTAs, to the CTA's slot for it in TcScratch::cta_parts.
-// 3. A CTA with such tiles counts itself in at each (after all its threads' stores and a __threadfence: one
-//    atomicAdd per tile), and the last CTA to arrive at a tile adds the CTAs' parts in CTA order, by the same
-//    slot rule, and writes the tile. No CTA waits for another, so none depends on another being resident.
-// With kCtaPerTile (CTA c took exactly tile c), the loop wrote no tile and no part leaves the CTA: the warp
-// holding the tile's last turn adds them all, even where one warp took the whole tile.
-template <typename T, int kMTiles, int kNTiles, bool kCtaPerTile>
-__device__ __forceinline__ void add_shared_tiles(const float (&acc)[kMTiles][kNTiles][4], uint8_t* rings, CtaTurns cta,
-                                                 int turns, int64_t rows, int x_rows, const T* __restrict__ bias,
-                                                 T* __restrict__ out, TcScratch scratch) {
+// The end of tc_gemv_kernel with one CTA per tile (tile blockIdx.x, shared out over the CTA's warps): each
+// warp puts its sums (zeros if it had no turns) into its own ring of stages, whose copies have all landed,
+// as [x row][tile row] fp32; then the CTA adds the warps' parts in warp order, adds the bias, and writes
+// the tile's outputs.
+template <typename T, int kMTiles, int kNTiles>
+__device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], uint8_t* rings, int64_t rows,
+                                               int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
   using Tile = TileShape<kMTiles>;
-  constexpr int kRingFloats = kTcStages * Tile::kStageBytes / 4;
-  static_assert(2 * 8 * kNTiles * Tile::kRows <= kRingFloats, "a warp's two parts fit in its ring");
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  constexpr int kRingBytes = kTcStages * Tile::kStageBytes;
+  static_assert(8 * kNTiles * Tile::kRows * sizeof(float) <= kRingBytes, "a warp's part fits in its ring");
+  const int lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  const int part_floats = x_rows * Tile::kRows;
-  // Turns are counted from the CTA's first turn, tiles from its first tile: tile k begins at turn k x turns - phase.
-  const TurnRun<int> mine = turn_run<int>(warp, kTcWarps, cta.count);
-  const bool has_turns = mine.end > mine.first;
-  const int first_tile = (cta.phase + mine.first) / turns;
-  const int last_tile = has_turns ? (cta.phase + mine.end - 1) / turns : first_tile;
-  const auto tile_begin = [&](int k) { return k * turns - cta.phase; };
-  const int cta_last_tile = (cta.phase + cta.count - 1) / turns;
-  const bool first_came_before = cta.phase != 0;                        // began in an earlier CTA
-  const bool last_goes_on = tile_begin(cta_last_tile + 1) > cta.count;  // ends in a later CTA
-  const auto across_ctas = [&](int k) {
-    return !kCtaPerTile && ((k == 0 && first_came_before) || (k == cta_last_tile && last_goes_on));
-  };
-  float* const parts = reinterpret_cast<float*>(rings);
-  const auto part = [&](int v, int slot) { return parts + v * kRingFloats + slot * part_floats; };
-
-  // 1. (the stages' last copy groups are empty, but waited for all the same)
   copy_async_wait<0>();
   __syncwarp();
-  float* const mine_last = part(warp, last_tile != first_tile ? 1 : 0);
+  float* part = reinterpret_cast<float*>(rings + (threadIdx.x / 32) * kRingBytes);
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -610,96 +548,34 @@ __device__ __forceinline__ void add_shared_tiles(const float (&acc)[kMTiles][kNT
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const auto [m, r] = acc_position(mt, nt, i, g, t);
-        if (m < x_rows) mine_last[m * Tile::kRows + r] = acc[mt][nt][i];
+        if (m < x_rows) part[m * Tile::kRows + r] = acc[mt][nt][i];
       }
     }
-  }
-  if (!kCtaPerTile && last_tile != first_tile && mine.first != tile_begin(first_tile)) {
-    const float* left = scratch.warp_parts + (int64_t{blockIdx.x} * kTcWarps + warp) * part_floats;
-    for (int i = lane; i < part_floats; i += 32) part(warp, 0)[i] = left[i];
   }
   __syncthreads();
-
-  // 2. Writes sum i of tile k: to the output, or to the CTA's slot for the tile when other CTAs share it.
-  const auto put = [&](int k, int i, float sum) {
-    if (across_ctas(k)) {
-      scratch.cta_parts[(int64_t{blockIdx.x} * 2 + (k == 0 ? 0 : 1)) * part_floats + i] = sum;
-      return;
-    }
+  const int64_t first_row = int64_t{blockIdx.x} * Tile::kRows;
+  for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
     const int m = i / Tile::kRows, r = i % Tile::kRows;
-    const int64_t n = (cta.first_tile + k) * Tile::kRows + r;
-    if (n < rows) out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
-  };
-  // The tile this warp's run began in, if the warp holds its last turn in the CTA and no one warp wrote it.
-  const int first_end = tile_begin(first_tile + 1) < cta.count ? tile_begin(first_tile + 1) : cta.count;
-  if (has_turns && mine.end >= first_end &&
-      (kCtaPerTile || mine.first != tile_begin(first_tile) || across_ctas(first_tile))) {
-    const int sharers_begin = tile_begin(first_tile) > 0 ? tile_begin(first_tile) : 0;
-    const int first_sharer = part_of_turn<int>(sharers_begin, kTcWarps, cta.count);
-    const int first_slot = turn_run<int>(first_sharer, kTcWarps, cta.count).first < sharers_begin ? 1 : 0;
-    for (int i = lane; i < part_floats; i += 32) {
-      float sum = part(first_sharer, first_slot)[i];
-      for (int v = first_sharer + 1; v <= warp; ++v) sum += part(v, 0)[i];
-      put(first_tile, i, sum);
-    }
-  }
-  if constexpr (!kCtaPerTile) {
-    // The CTA's last tile, where it goes on into a later CTA and began inside this warp's run (so no other warp
-    // of the CTA shares it): the warp's slot 1 is the CTA's part.
-    if (has_turns && mine.end == cta.count && last_tile != first_tile && last_goes_on) {
-      for (int i = lane; i < part_floats; i += 32) put(last_tile, i, part(warp, 1)[i]);
-    }
-
-    // 3.
-    if (!first_came_before && !last_goes_on) return;
-    // Per CTA tile (0: the first, 1: the last), where this CTA is the last to arrive: the first and last CTA
-    // that share the tile and the first one's slot; else -1.
-    __shared__ int merges[2][3];
-    __threadfence();  // this thread's stores of the CTA's parts, before the CTA is counted in
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const int64_t total = (rows + Tile::kRows - 1) / Tile::kRows * turns;
-      for (int j = 0; j < 2; ++j) {
-        const int k = j == 0 ? 0 : cta_last_tile;
-        merges[j][0] = -1;
-        if ((j == 1 && k == 0) || !across_ctas(k)) continue;
-        const int64_t tile = cta.first_tile + k;
-        const int64_t first_cta = part_of_turn<int64_t>(tile * turns, gridDim.x, total);
-        const int64_t last_cta = part_of_turn<int64_t>((tile + 1) * turns - 1, gridDim.x, total);
-        if (atomicAdd(scratch.tile_arrivals + tile, 1) != last_cta - first_cta) continue;
-        merges[j][0] = static_cast<int>(first_cta), merges[j][1] = static_cast<int>(last_cta);
-        merges[j][2] = turn_run<int64_t>(first_cta, gridDim.x, total).first < tile * turns ? 1 : 0;
-      }
-      __threadfence();  // the other CTAs' parts, after their arrivals were seen
-    }
-    __syncthreads();
-    for (int j = 0; j < 2; ++j) {
-      const int first_cta = merges[j][0], last_cta = merges[j][1], first_slot = merges[j][2];
-      if (first_cta < 0) continue;
-      const int64_t tile = cta.first_tile + (j == 0 ? 0 : cta_last_tile);
-      for (int i = threadIdx.x; i < part_floats; i += blockDim.x) {
-        const float* cta_part = scratch.cta_parts + i;  // + slot x part_floats; loads through L2 (other SMs' stores)
-        float sum = __ldcg(cta_part + int64_t{first_cta * 2 + first_slot} * part_floats);
-        for (int c = first_cta + 1; c <= last_cta; ++c) sum += __ldcg(cta_part + int64_t{c * 2} * part_floats);
-        const int m = i / Tile::kRows, r = i % Tile::kRows;
-        const int64_t n = tile * Tile::kRows + r;
-        if (n < rows) out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
-      }
-    }
+    if (first_row + r >= rows) continue;
+    float sum = reinterpret_cast<const float*>(rings)[i];
+#pragma unroll
+    for (int w = 1; w < kTcWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
+    const int64_t n = first_row + r;
+    out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
 }
 
 // Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed and x 16-byte
 // aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
-// 1 <= x_rows <= 8 * kNTiles. `scratch` is sized by tc_scratch_words, its counters zeroed; with kCtaPerTile
-// (grid = the number of tiles, CTA c takes tile c) it is unused and may be null.
+// 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][tile rows] fp32 slots per warp (tc_partial_floats);
+// with kCtaPerTile (grid = the number of tiles, CTA c takes tile c) it is unused and may be null.
 // (kCtaPerTile is a template argument, not a runtime flag, because the flag cost the 1-n-tile loop two more
 // register spills.)
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 __global__ void __launch_bounds__(kTcWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
-                   const T* __restrict__ bias, T* __restrict__ out, TcScratch scratch) {
+                   const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
   extern __shared__ __align__(16) uint8_t tc_shared[];
   uint8_t* lut = tc_shared;
   float* code2 = reinterpret_cast<float*>(tc_shared + kTcLutBytes);
@@ -712,17 +588,14 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const TurnBlocks blocks = turn_blocks(blocksize_log2);
   const int turns = static_cast<int>(cols / kTcTurn);  // per tile
   const int64_t tiles = (rows + Tile::kRows - 1) / Tile::kRows;
-  // The CTA's run of the (tile, turn) sequence, and this warp's run of the CTA's, counted from the CTA's first
-  // turn, which is turn `phase` of tile cta_first_tile (add_shared_tiles says why).
-  const TurnRun<int64_t> cta = turn_run<int64_t>(blockIdx.x, gridDim.x, tiles * turns);
-  const CtaTurns cta_turns{cta.first / turns, static_cast<int>(cta.first % turns), static_cast<int>(cta.end - cta.first)};
-  const TurnRun<int> in_cta = turn_run<int>(threadIdx.x / 32, kTcWarps, cta_turns.count);
-  const int64_t count = in_cta.end - in_cta.first;  // this warp's turns
-  const int64_t first_tile = cta_turns.first_tile + (cta_turns.phase + in_cta.first) / turns;
-  const int first_s = (cta_turns.phase + in_cta.first) % turns;
+  const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
+  const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kTcWarps, tiles * turns);
+  const int64_t count = mine.end - mine.first;  // this warp's turns
+  const int64_t first_tile = mine.first / turns;
 
   // The first stages' copies go out before the table fill, so they are in flight while it runs.
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const int first_s = static_cast<int>(mine.first - first_tile * turns);
   int64_t staged_tile = first_tile;  // where the next staged turn is (16-row tiles only, see below)
   int staged_s = first_s;
   StageSource source = stage_source<Tile::kRows>(packed, first_tile, first_s, lane, rows, cols);
@@ -754,6 +627,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   if constexpr (kNested) nested.offset = *scales.offset;
   __syncthreads();
 
+  if (count <= 0 && !kCtaPerTile) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
+    for (int i = lane; i < x_rows * Tile::kRows; i += 32) partial[warp_id * 2 * x_rows * Tile::kRows + i] = 0.0f;
+    return;
+  }
   // In the one-CTA-per-tile instances the table's address is taken from lane 0, as in one_row_gemv_kernel: the
   // compiler then keeps it in a uniform register and each lookup loads [R+UR]; computed per lane it cost an add
   // per lookup there. The stream-K instances get [R+UR] either way, and the shuffle only moved their spills
@@ -771,11 +648,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const XRows x_lane{g < x_rows, ((8 + g < x_rows ? 8 + g : x_rows - 1) - x_row) * cols};
   float acc[kMTiles][kNTiles][4] = {};
 
-  // Writes the warp's sums for `tile` when it leaves the tile: to the output when it took the whole tile, else
-  // (its first tile, begun inside) to its part in scratch, which add_shared_tiles adds.
-  float* const first_part = kCtaPerTile ? nullptr
-                                        : scratch.warp_parts + (int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32) *
-                                                                   x_rows * Tile::kRows;
+  // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile,
+  // else into the warp's slot for the tile (0: its first tile, 1: its last), which add_tile_parts_kernel adds.
   const auto flush = [&](bool whole) {
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
@@ -791,7 +665,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
           if (whole) {
             out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
           } else {
-            first_part[m * Tile::kRows + r] = value;
+            const int64_t slot = warp_id * 2 + (tile == first_tile ? 0 : 1);
+            partial[(slot * x_rows + m) * Tile::kRows + r] = value;
           }
         }
       }
@@ -810,22 +685,50 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     // (the tile's rows past the end of W are zeros; their outputs are dropped)
     tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_turn, x_lane,
                                                lut_shared, lane4, blocksize_log2, blocks, nested, acc);
-    // (the run's last tile, unless whole, stays in acc for add_shared_tiles)
-    if (!kCtaPerTile && s + 1 == turns && (part_begin == 0 || q + 1 < count)) flush(part_begin == 0);
+    if (!kCtaPerTile && (s + 1 == turns || q + 1 == count)) flush(part_begin == 0 && s + 1 == turns);
     x_turn += kTcTurn;
     if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;
     __syncwarp();
   }
-  add_shared_tiles<T, kMTiles, kNTiles, kCtaPerTile>(acc, tc_shared + kTcLutBytes + kTcCode2Bytes, cta_turns, turns, rows,
-                                                    x_rows, bias, out, scratch);
+  if constexpr (kCtaPerTile) add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared + kTcLutBytes + kTcCode2Bytes, rows, x_rows,
+                                                        bias, out);
 }
+
+// The floats tc_gemv_kernel's `partial` holds: two slots of [x_rows][tile_rows] per warp.
+int64_t tc_partial_floats(int64_t warps, int64_t x_rows, int tile_rows) { return warps * 2 * x_rows * tile_rows; }
 
 // Whether tc_gemv_kernel runs one CTA per tile: when every tile gets its own resident CTA, and a tile's turns
 // are few enough (at most kTcMinTurnsPerWarp per warp of one CTA) that the stream-K grid would have no more
 // CTAs than there are tiles, so one CTA per tile loses no parallelism. With warps = 16 * tiles, the stream-K
-// split (turn_run) gives CTA c exactly tile c's turns.
+// split (warp_turns) gives CTA c's warps exactly tile c's turns.
 bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
   return tiles <= resident_ctas && turns <= kTcWarps * kTcMinTurnsPerWarp;
+}
+
+// For every tile that more than one warp shared: out = the warps' slots added in warp order (+ bias).
+// (one_row_gemv_kernel applies the same slot rule within each CTA, in shared memory.)
+// Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs. Of the
+// warps that share a tile, only the first can have begun in an earlier tile (slot 1); every later one
+// began in this tile (slot 0, zeros for a warp with no turns).
+template <typename T>
+__global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
+                                      int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
+  const int64_t total = tiles * turns;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t m = i / rows, n = i % rows;
+    const int64_t tile = n / tile_rows;
+    const int64_t w_begin = warp_of_turn(tile * turns, warps, total);
+    const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
+    if (w_begin == w_last) continue;
+    const bool began_before = warp_turns(w_begin, warps, total).first < tile * turns;
+    const float* slot = partial + (m * tile_rows + n % tile_rows);  // + slot index * x_rows * tile_rows
+    const int64_t slot_floats = int64_t{x_rows} * tile_rows;
+    float sum = slot[(w_begin * 2 + (began_before ? 1 : 0)) * slot_floats];
+    for (int64_t w = w_begin + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
+    out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -915,22 +818,21 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   if (bias != nullptr) bias += cta.first;
   const int64_t total = int64_t{(cta_row_count + kOrRows - 1) / kOrRows} * steps;  // the CTA's (tile, step)s
   const int warp = threadIdx.x / 32;
-  const TurnRun<int64_t> mine = turn_run<int64_t>(warp, kOrWarps, total);
+  const WarpTurns mine = warp_turns(warp, kOrWarps, total);
   const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
   const int first_tile = static_cast<int>(mine.first / steps);  // the tile and step the warp's run begins at
   const int first_s = static_cast<int>(mine.first - int64_t{first_tile} * steps);
   // The CTA's shared tiles: a warp whose run began inside a tile shares it with the warps before; the warp that
-  // holds the tile's last step adds every sharer's part at the CTA's end, by the slot rule of the tensor-core
-  // kernel's add_shared_tiles. This warp's part in that: -1 for none,
+  // holds the tile's last step adds every sharer's part at the CTA's end, from the slots add_tile_parts_kernel
+  // reads for the tensor-core kernel (the same rule, per CTA here). This warp's part in that: -1 for none,
   // else the first sharer's slot, first_sharer x 2 + (1 if the tile is that warp's last, 0 if its first), kept
   // in one register across the loop.
   int merge_from = -1;
   if (first_s != 0) {
     const int64_t tile_first = int64_t{first_tile} * steps;
-    if (part_of_turn<int64_t>(tile_first + steps - 1, kOrWarps, total) == warp) {
-      const int64_t first_sharer = part_of_turn<int64_t>(tile_first, kOrWarps, total);
-      merge_from =
-          static_cast<int>(first_sharer * 2 + (turn_run<int64_t>(first_sharer, kOrWarps, total).first < tile_first));
+    if (warp_of_turn(tile_first + steps - 1, kOrWarps, total) == warp) {
+      const int64_t first_sharer = warp_of_turn(tile_first, kOrWarps, total);
+      merge_from = static_cast<int>(first_sharer * 2 + (warp_turns(first_sharer, kOrWarps, total).first < tile_first));
     }
   }
 
@@ -1132,6 +1034,18 @@ int64_t peak_memory_GBps() {
   });
 }
 
+// Launches add_tile_parts_kernel over the x_rows * rows outputs, with at most 8 CTAs of 256 threads per
+// resident CTA of the kernel that wrote the parts.
+template <typename T>
+void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int tile_rows, int64_t rows, int64_t x_rows,
+                           const T* bias, T* out, int64_t resident_ctas, cudaStream_t stream) {
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((x_rows * rows + threads - 1) / threads, resident_ctas * 8));
+  add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial, warps, turns, tile_rows, rows, int(x_rows), bias,
+                                                           out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
 // one row of x, plain absmax, whole 512-element steps, W rows that start on absmax block boundaries (its
 // scale addresses step by whole rows of blocks), and enough steps that every warp of the CTA with the fewest
@@ -1175,15 +1089,12 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     const int64_t grid = cta_per_tile ? tiles
                                       : std::min(resident, (total + kTcWarps * kTcMinTurnsPerWarp - 1) /
                                                                (kTcWarps * kTcMinTurnsPerWarp));
-    at::Tensor scratch_words;
-    TcScratch scratch{nullptr, nullptr, nullptr};
-    if (!cta_per_tile) {  // (the caching allocator's block: only this stream uses it until the kernel is done)
-      scratch_words = at::empty({tc_scratch_words(grid, x_rows, Tile::kRows, tiles)}, like.options().dtype(at::kFloat));
-      scratch.warp_parts = scratch_words.mutable_data_ptr<float>();
-      scratch.cta_parts = scratch.warp_parts + grid * kTcWarps * x_rows * Tile::kRows;
-      scratch.tile_arrivals =
-          reinterpret_cast<int*>(scratch.warp_parts + tc_scratch_part_floats(grid, x_rows, Tile::kRows));
-      C10_CUDA_CHECK(cudaMemsetAsync(scratch.tile_arrivals, 0, tiles * sizeof(int), stream));
+    const int64_t warps = grid * kTcWarps;
+    at::Tensor partial;
+    float* partial_data = nullptr;
+    if (!cta_per_tile) {
+      partial = at::empty({tc_partial_floats(warps, x_rows, Tile::kRows)}, like.options().dtype(at::kFloat));
+      partial_data = partial.mutable_data_ptr<float>();
     }
     const auto launch = [&](auto cta_per_tile_constant) {
       constexpr bool kCtaPerTile = decltype(cta_per_tile_constant)::value;
@@ -1191,13 +1102,16 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
       tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>
           <<<static_cast<int>(grid), kTcWarps * 32, Tile::kSharedBytes, stream>>>(
               x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out,
-              scratch);
+              partial_data);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     };
     if constexpr (kMTiles == 1) {
       cta_per_tile ? launch(std::true_type{}) : launch(std::false_type{});
     } else {
       launch(std::false_type{});
+    }
+    if (!cta_per_tile && turns > 1) {  // with one turn per tile no tile is shared
+      launch_add_tile_parts<T>(partial_data, warps, turns, Tile::kRows, rows, x_rows, bias, out, resident, stream);
     }
   };
   using One = std::integral_constant<int, 1>;
