@@ -241,20 +241,6 @@ __device__ __forceinline__ void copy_async_wait() {
 #endif
 }
 
-// Programmatic dependent launch (sm_90; no-ops elsewhere): a kernel launched after this one with
-// launch_after_primary may be scheduled once every CTA of this one has called allow_dependent_launch (or
-// exited), and waits in wait_for_primary until this one has completed and its writes are visible.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_primary() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
 // shared-memory address (a shared-window address, so that the load can add it as a uniform register).
 template <int kByte>
@@ -607,8 +593,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const int64_t count = mine.end - mine.first;  // this warp's turns
   const int64_t first_tile = mine.first / turns;
 
-  if constexpr (!kCtaPerTile) allow_dependent_launch();  // add_tile_parts_kernel, which waits for this grid's end
-
   // The first stages' copies go out before the table fill, so they are in flight while it runs.
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const int first_s = static_cast<int>(mine.first - first_tile * turns);
@@ -729,7 +713,6 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 template <typename T>
 __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
                                       int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
-  wait_for_primary();  // tc_gemv_kernel's parts (launch_add_tile_parts launches this kernel as its dependent)
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t total = tiles * turns;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
@@ -1058,17 +1041,9 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
                            const T* bias, T* out, int64_t resident_ctas, cudaStream_t stream) {
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<int64_t>((x_rows * rows + threads - 1) / threads, resident_ctas * 8));
-  // On sm_90 as a programmatic dependent of tc_gemv_kernel: its CTAs are scheduled on the SMs that the
-  // kernel's last CTAs leave, and it starts adding as soon as the kernel has finished, instead of being launched
-  // then (NOTES gemv row 40). Elsewhere an ordinary launch (wait_for_primary is a no-op there).
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks), config.blockDim = dim3(threads), config.stream = stream;
-  cudaLaunchAttribute after_primary{};
-  after_primary.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  after_primary.val.programmaticStreamSerializationAllowed = 1;
-  if (at::cuda::getCurrentDeviceProperties()->major >= 9) config.attrs = &after_primary, config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, add_tile_parts_kernel<T>, partial, warps, turns, tile_rows, rows,
-                                    int(x_rows), bias, out));
+  add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial, warps, turns, tile_rows, rows, int(x_rows), bias,
+                                                           out);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
