@@ -489,6 +489,17 @@ __host__ __device__ inline int64_t warp_of_turn(int64_t p, int64_t warps, int64_
   return ((p + 1) * warps - 1) / total;
 }
 
+// The slot rule for the parts of a tile that several warps share, for whoever adds them (add_tile_parts_kernel
+// over the grid's warps, one_row_gemv_kernel over a CTA's): each warp has two slots, 0 for its run's first tile
+// and 1 for its last. Of the warps that share the tile whose first turn is `tile_first`, only the first can
+// have begun in an earlier tile (its slot 1); every later one began in this tile (its slot 0; zeros for a
+// warp with no turns). Returns the first sharer's slot index, first sharer x 2 + (0 or 1); a later sharer w's
+// is w x 2.
+__host__ __device__ inline int64_t first_sharer_slot(int64_t tile_first, int64_t warps, int64_t total) {
+  const int64_t first_sharer = warp_of_turn(tile_first, warps, total);
+  return first_sharer * 2 + (warp_turns(first_sharer, warps, total).first < tile_first ? 1 : 0);
+}
+
 // Code value `index` (0..15). (nvcc turns the selects back into one indexed read of the table, which it
 // keeps in local memory: once per thread here, not once per table entry as before; NOTES gemv row 10.)
 __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
@@ -705,11 +716,8 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
   return tiles <= resident_ctas && turns <= kTcWarps * kTcMinTurnsPerWarp;
 }
 
-// For every tile that more than one warp shared: out = the warps' slots added in warp order (+ bias).
-// (one_row_gemv_kernel applies the same slot rule within each CTA, in shared memory.)
-// Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs. Of the
-// warps that share a tile, only the first can have begun in an earlier tile (slot 1); every later one
-// began in this tile (slot 0, zeros for a warp with no turns).
+// For every tile that more than one warp shared: out = the warps' slots (first_sharer_slot) added in warp
+// order (+ bias). Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs.
 template <typename T>
 __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
                                       int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
@@ -719,14 +727,13 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t m = i / rows, n = i % rows;
     const int64_t tile = n / tile_rows;
-    const int64_t w_begin = warp_of_turn(tile * turns, warps, total);
+    const int64_t first_slot = first_sharer_slot(tile * turns, warps, total);
     const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
-    if (w_begin == w_last) continue;
-    const bool began_before = warp_turns(w_begin, warps, total).first < tile * turns;
+    if (first_slot / 2 == w_last) continue;
     const float* slot = partial + (m * tile_rows + n % tile_rows);  // + slot index * x_rows * tile_rows
     const int64_t slot_floats = int64_t{x_rows} * tile_rows;
-    float sum = slot[(w_begin * 2 + (began_before ? 1 : 0)) * slot_floats];
-    for (int64_t w = w_begin + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
+    float sum = slot[first_slot * slot_floats];
+    for (int64_t w = first_slot / 2 + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
     out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
 }
@@ -823,16 +830,13 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   const int first_tile = static_cast<int>(mine.first / steps);  // the tile and step the warp's run begins at
   const int first_s = static_cast<int>(mine.first - int64_t{first_tile} * steps);
   // The CTA's shared tiles: a warp whose run began inside a tile shares it with the warps before; the warp that
-  // holds the tile's last step adds every sharer's part at the CTA's end, from the slots add_tile_parts_kernel
-  // reads for the tensor-core kernel (the same rule, per CTA here). This warp's part in that: -1 for none,
-  // else the first sharer's slot, first_sharer x 2 + (1 if the tile is that warp's last, 0 if its first), kept
-  // in one register across the loop.
+  // holds the tile's last step adds every sharer's part at the CTA's end, by first_sharer_slot's rule. This
+  // warp's part in that: -1 for none, else the first sharer's slot, kept in one register across the loop.
   int merge_from = -1;
   if (first_s != 0) {
     const int64_t tile_first = int64_t{first_tile} * steps;
     if (warp_of_turn(tile_first + steps - 1, kOrWarps, total) == warp) {
-      const int64_t first_sharer = warp_of_turn(tile_first, kOrWarps, total);
-      merge_from = static_cast<int>(first_sharer * 2 + (warp_turns(first_sharer, kOrWarps, total).first < tile_first));
+      merge_from = static_cast<int>(first_sharer_slot(tile_first, kOrWarps, total));
     }
   }
 
