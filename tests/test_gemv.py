@@ -118,22 +118,31 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-def wide_tile_shape() -> tuple[int, int]:
+def wide_tile_shape(whole_tiles: bool) -> tuple[int, int]:
     """A weight that takes the 32-row-tile kernel at 9-16 rows of x (csrc/gemv.cu, kTcWideTile*: K >= 8192 and
-    at least 6 wide turns per resident warp, 16 warps per SM), with 67 turns per tile (odd, so warps' runs end
-    on either stage) and a last tile of 8 rows (its second m-tile wholly past W's end)."""
+    at least 6 wide turns per resident warp, 16 warps per SM), with a last tile of 8 rows (its second m-tile
+    wholly past W's end). Without `whole_tiles`: 67 turns per tile (odd, so warps' runs end on either stage),
+    each tile shared by several warps. With it: 32 turns per tile and 21 tiles more than 16 per SM, so the
+    warps' runs (32-33 turns) cross tiles and some take a tile whole, which goes straight to the output (a
+    ~277 MB weight: about the fewest rows that do that)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if whole_tiles:
+        return 32 * (16 * sms + 21) - 24, 256 * 32
     turns = 67
-    tiles = -(-6 * 16 * torch.cuda.get_device_properties(0).multi_processor_count // turns) + 1
+    tiles = -(-6 * 16 * sms // turns) + 1
     return 32 * tiles - 24, 256 * turns
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize("rows", [9, 16], ids=lambda m: f"M{m}")
-@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
-def test_gemv_wide_tiles(nested, rows):
+@pytest.mark.parametrize(
+    "whole_tiles, nested, rows",
+    [(False, False, 9), (False, False, 16), (False, True, 9), (False, True, 16), (True, False, 16)],
+    ids=["shared-plain-M9", "shared-plain-M16", "shared-nested-M9", "shared-nested-M16", "whole-plain-M16"],
+)
+def test_gemv_wide_tiles(whole_tiles, nested, rows):
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 212 * 1024:
         pytest.skip("the 32-row-tile kernel needs 212 KB of shared memory per block")
-    shape = wide_tile_shape()
+    shape = wide_tile_shape(whole_tiles)
     packed, args = weight_on("cuda", shape, "nf4", 256 if nested else 64, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
