@@ -124,7 +124,7 @@ def wide_tile_shape(whole_tiles: bool) -> tuple[int, int]:
     wholly past W's end). Without `whole_tiles`: 67 turns per tile (odd, so warps' runs end on either stage),
     each tile shared by several warps. With it: 32 turns per tile and 21 tiles more than 16 per SM, so the
     warps' runs (32-33 turns) cross tiles and some take a tile whole, which goes straight to the output (a
-    ~277 MB weight: about the fewest rows that do that)."""
+    ~280 MB weight: about the fewest rows that do that)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if whole_tiles:
         return 32 * (16 * sms + 21) - 24, 256 * 32
