@@ -758,15 +758,17 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // splits its turns, and the tiles that two of its warps share are added in shared memory at the CTA's end, so
 // no parts leave the CTA and no second kernel runs (NOTES gemv row 37).
 #ifndef NF4_OR_ROWS  // build-time knobs for tuning runs (benchmarks/NOTES.md)
-#define NF4_OR_ROWS 8
+#define NF4_OR_ROWS 4
 #endif
 #ifndef NF4_OR_DEPTH
-#define NF4_OR_DEPTH 2
+#define NF4_OR_DEPTH 3
 #endif
-// W rows per tile (kOrRows / 2 m-tiles, sharing each x load) and steps loaded ahead per warp: 8 and 2 were
-// the fastest of 4 / 2-4 and 8 / 2-3 at 16 warps per SM (NOTES gemv row 27); more do not fit in 128
-// registers without spilling. The ring has one slot more than the steps in flight: a step is decoded from
-// its slot, which is then refilled, so no slot is copied out first (NOTES gemv row 31).
+// W rows per tile (kOrRows / 2 m-tiles, sharing each x load) and steps loaded ahead per warp: 4 and 3 were
+// the fastest on an H100 and an H200 of 8 x 2 (row 27's choice, made before row 31 trimmed the loads), 8 x 3
+// at 12 warps, 6 x 2, 6 x 3, 4 x 2, 4 x 4 and 2 x 6 at 16 warps per SM (NOTES gemv rows 44-45): 1-5% on the
+// largest layers, more where a CTA's last tile is mostly empty rows (Gemma's down: 40-41 rows per CTA). The ring
+// has one slot more than the steps in flight: a step is decoded from its slot, which is then refilled, so no
+// slot is copied out first (NOTES gemv row 31).
 constexpr int kOrRows = NF4_OR_ROWS;
 constexpr int kOrDepth = NF4_OR_DEPTH;
 constexpr int kOrRing = kOrDepth + 1;
@@ -776,10 +778,11 @@ constexpr int kOrStep = 2 * kOrStepBytes;   // K elements per step; the path nee
 #define NF4_OR_WARPS 16
 #endif
 constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (they share one table)
-// Layers with fewer steps per warp (the q/o layers: 5-8) keep the tensor-core kernel, which was 3-9% faster
-// there at one row; from 13 steps per warp (gate/up, down) this kernel was 4-8% faster (H100, NOTES gemv
-// row 27). On an H200 the tensor-core kernel was still 4-6% faster on the q/o layers after row 31 (row 34).
-constexpr int kOrMinStepsPerWarp = 12;
+// Layers with fewer steps per warp keep the tensor-core kernel. With 4-row tiles Llama's and Qwen's q/o layers
+// (16 and 10 steps per warp) took this kernel and were 11-19% faster than on the tensor-core kernel on both
+// GPUs (NOTES gemv rows 44-45); with 8-row tiles they had been 3-9% slower (rows 27 and 34). The k/v layers
+// (2-3 steps per warp) stay with the tensor-core kernel's one CTA per tile.
+constexpr int kOrMinStepsPerWarp = 8;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 
 // Loads that skip L1: the weights and scales are read once, and L1 is left to x, which every warp rereads.
@@ -1056,7 +1059,8 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 // rows (one CTA per SM) has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one
 // CTA per tile wins).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
-// leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29).
+// leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29); with 4-row
+// tiles, 11-19% on the q/o layers it then took too (row 45).
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
   const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
   return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&

@@ -80,10 +80,10 @@ def main():
         packed, args = random_weight(wide_n, wide_k, 64, nested)
         failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
     # The one-row kernel (one row of x, plain absmax, K % 512 == 0 and K % blocksize == 0, a range of N / SMs rows
-    # per CTA and at least 12 steps of 8 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
-    # one_row_shape, whose test checks which kernel runs): 17 steps per tile, 12 tiles per CTA, each CTA's last
+    # per CTA and at least 8 steps of 4 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
+    # one_row_shape, whose test checks which kernel runs): 17 steps per tile, 8 tiles per CTA, each CTA's last
     # tile of 2 or 3 rows (its others load as zeros), tiles shared by two or three warps of a CTA.
-    one_row_n, one_row_k = (8 * 12 - 6) * sms + 7, 512 * 17
+    one_row_n, one_row_k = (4 * 8 - 2) * sms + 7, 512 * 17
     packed, args = random_weight(one_row_n, one_row_k, 64, False)
     failures += check_gemv(packed, args, 1, f"{one_row_n}x{one_row_k} one-row kernel")
     # More rows than one tensor-core launch takes, on a W large enough for several (csrc/ops.h,

@@ -156,22 +156,28 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
     assert_gemv_close(out, x, packed, args, bias)
 
 
+# The one-row kernel's tiling (csrc/gemv.cu: kOrRows, kOrMinStepsPerWarp, kOrWarps), which the shapes below are
+# built around; the test fails, not passes vacuously, if the kernel's rule changes, since it asserts which
+# kernel ran.
+ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 8, 16
+
+
 def one_row_shape(steps: int) -> tuple[int, int]:
-    """A weight that takes the one-row kernel at one row of x (csrc/gemv.cu, kOr*: K % 512 == 0, one CTA of 16
-    warps per SM, each CTA a range of N / SMs rows tiled in 8-row tiles, and at least 12 steps of 8 rows x 512
-    elements per warp of the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps`
-    steps per tile. The CTAs get 8 t - 6 or 8 t - 5 rows (t tiles each), so every CTA's last tile has 2 or 3 rows
-    (its other rows load as zeros)."""
+    """A weight that takes the one-row kernel at one row of x (K % 512 == 0, one CTA of 16 warps per SM, each
+    CTA a range of N / SMs rows tiled in 4-row tiles, and at least 8 steps of 4 rows x 512 elements per warp of
+    the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps` steps per tile. The
+    CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each), so every CTA's last tile has 2 or 3 rows (its other rows
+    load as zeros)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles_per_cta = -(-12 * 16 // steps)
-    return (8 * tiles_per_cta - 6) * sms + 7, 512 * steps
+    tiles_per_cta = -(-ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS // steps)
+    return (ONE_ROW_TILE_ROWS * tiles_per_cta - 2) * sms + 7, 512 * steps
 
 
 # (steps per tile, blocksize, quant_type, dtype, bias): odd and even step counts, so warps' runs end anywhere in
 # a tile and on any slot of the load ring; every blocksize (one absmax value per segment, per 2 or 4 segments,
 # per step, per 2, 4 or 8 steps), and blocks of 4096 that span two rows at K = 5120, which the one-row kernel
 # leaves to the tensor-core kernel (its scale addresses need rows that start on a block); and one step per tile
-# (K = 512, ~200k rows of W), where no tile is shared.
+# (K = 512, ~67k rows of W), where no tile is shared.
 ONE_ROW_CASES = [
     (1, 512, "nf4", torch.bfloat16, True),
     (17, 64, "nf4", torch.bfloat16, True),
