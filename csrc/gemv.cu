@@ -1172,15 +1172,19 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
     if constexpr (!std::is_same_v<T, float>) {
-      if (tensor_cores && one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols)) {
-        launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, bias_data, out_data, stream);
-        return;
-      }
-      if (tensor_cores) {  // one launch per kTensorCoreGemvLaunchRows rows of x (ops.h says when that pays)
+      // One launch per kTensorCoreGemvLaunchRows rows of x (ops.h says when that pays), each taking the kernel
+      // that a call of its rows alone takes (a last launch of one row: the one-row kernel where it applies), so
+      // every launch's rows equal that call's, bit for bit.
+      if (tensor_cores) {
         for (int64_t first = 0; first < x_rows; first += kTensorCoreGemvLaunchRows) {
           const int64_t launch_rows = std::min(kTensorCoreGemvLaunchRows, x_rows - first);
-          launch_tc_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, launch_rows, bias_data,
-                            out_data + first * rows, out, stream);
+          if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols)) {
+            launch_one_row_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, bias_data,
+                                   out_data + first * rows, stream);
+          } else {
+            launch_tc_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, launch_rows, bias_data,
+                              out_data + first * rows, out, stream);
+          }
         }
         return;
       }
