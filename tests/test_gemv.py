@@ -162,6 +162,16 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 8, 16
 
 
+def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool) -> bool:
+    """Whether one row of bf16/fp16 x on this W takes the one-row kernel (csrc/gemv.cu one_row_gemv_applies, on
+    this GPU's SM count), for tests that must know which kernel a call takes."""
+    n, k = shape
+    fewest_rows = n // torch.cuda.get_device_properties(0).multi_processor_count  # per CTA, one CTA per SM
+    steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * (k // 512)
+    return (not nested and k % 512 == 0 and k % blocksize == 0
+            and steps >= ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS)  # fmt: skip
+
+
 def one_row_shape(steps: int) -> tuple[int, int]:
     """A weight that takes the one-row kernel at one row of x (K % 512 == 0, one CTA of 16 warps per SM, each
     CTA a range of N / SMs rows tiled in 4-row tiles, and at least 8 steps of 4 rows x 512 elements per warp of
@@ -207,6 +217,7 @@ def test_gemv_one_row_kernel(case):
     # this test is about the one-row kernel, so it fails if the call did not take it where it applies (rows that
     # start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must)
     takes_one_row = shape[1] % blocksize == 0
+    assert one_row_kernel_takes(shape, blocksize, nested=False) == takes_one_row  # the helper agrees with the shapes
     kernel = "one_row_gemv_kernel" if takes_one_row else "tc_gemv_kernel"
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
     if takes_one_row:  # the CTA adds its shared tiles' parts itself: no second kernel
@@ -223,8 +234,8 @@ def test_gemv_tensor_core_launches(nested, dtype):
     """More rows of x than one tensor-core launch takes (16), on a W large enough for several launches
     (csrc/ops.h, kTensorCoreGemvRowLimits*: up to 32 or 48 rows from 16 MiB of packed W, by the GPU's memory):
     every launch's rows equal that launch made alone, bit for bit (a last launch of one row takes the one-row
-    kernel, as a one-row call on this W does, plain absmax), and past every table's limit for this size (65 rows)
-    the call takes dequantize + cuBLAS."""
+    kernel where a one-row call on this W does: plain absmax, on an H100 or H200), and past every table's limit
+    for this size (65 rows) the call takes dequantize + cuBLAS."""
     shape = (8200, 4096)  # 16.02 MiB packed
     packed, args = weight_on("cuda", shape, "nf4", 64, nested)
     x = random_x((65, shape[1]), dtype, "cuda")
@@ -235,7 +246,7 @@ def test_gemv_tensor_core_launches(nested, dtype):
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
         one_row_launches = sum("one_row_gemv_kernel" in name for name in names)
-        assert one_row_launches == (rows % 16 == 1 and not nested), names
+        assert one_row_launches == (rows % 16 == 1 and one_row_kernel_takes(shape, 64, nested)), names
         assert sum("tc_gemv_kernel" in name for name in names) + one_row_launches == -(-rows // 16), names
         assert_gemv_close(out, x[:rows], packed, args, bias)
         for first in range(0, rows, 16):
