@@ -1,6 +1,6 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
-//  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x on sm_80+, plain absmax, on the large
-//    layers (one_row_gemv_applies);
+//  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x on sm_80+, plain absmax, on layers with
+//    enough steps per warp (one_row_gemv_applies), also as the last launch of a call of 16 k + 1 rows;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
