@@ -400,6 +400,15 @@ __device__ __forceinline__ uint4 load_16_if(bool there, const uint4* from) {
   return v;
 }
 
+// As load_16_if, but zeros when not `there` (for callers whose outputs are not dropped).
+__device__ __forceinline__ uint4 load_16_or_zero(bool there, const uint4* from) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  asm("{\n .reg .pred p;\n setp.ne.b32 p, %4, 0;\n @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%5];\n}\n"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "r"(int{there}), "l"(from));
+  return v;
+}
+
 // One 64-element step of one tile: for each of its kMTiles mmas' 16 W rows, 4 k-tiles into fresh fp32 sums,
 // then acc += absmax * sums per W row. Each x fragment is loaded once and feeds every m-tile; a lane whose
 // x row does not exist loads nothing (its outputs are dropped).
@@ -739,7 +748,7 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// One-row path (one row of x, plain absmax, K % 512 == 0, W rows starting on absmax block boundaries
+// One-row path (one row of x, plain absmax, K % 256 == 0, W rows starting on absmax block boundaries
 // (K % blocksize == 0), sm_80+, at least kOrMinStepsPerWarp steps per warp): no shared-memory staging.
 // Each lane loads its own weight bytes and scales straight into registers, kOrDepth steps ahead of the step
 // it decodes, so a warp keeps kOrDepth x kOrRows x 256 bytes in flight
@@ -750,8 +759,10 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // A row g + 8: W row 2mt + 1, segment g) and its 8 columns are x's 8 segments (lane (g, t) feeds column g
 // with the x values of its own weight bytes), so column g of A rows g and g + 8 holds segment g's dot
 // product: the product is the mma result's diagonal, and the tile's 8 segments are added by shuffles when
-// the warp leaves the tile (NOTES gemv row 26). A segment is one 64-element absmax piece (K % 512 == 0 and
-// blocksize >= 64), so each A row's scale goes onto the mma's fp32 sums once per step. The k order inside a
+// the warp leaves the tile (NOTES gemv row 26). A segment is one 64-element absmax piece (rows start on a block
+// and blocksize >= 64), so each A row's scale goes onto the mma's fp32 sums once per step. Where K % 512 == 256
+// (kHalfStep: Gemma's K = 5376) each row's last step is a half step: segments 4-7 lie past the row, and their
+// lanes load no weights, scales or x but zeros, so their products are zero (NOTES gemv row 52). The k order inside a
 // segment is the tensor-core path's (lane t's 16 consecutive elements, k-tile j its bytes 2j and 2j + 1).
 // Each CTA owns a contiguous range of W rows (the rows split evenly over the CTAs, one per SM), tiled from its
 // first row, its last tile partial; its (tile, step) sequence is split over its warps as the tensor-core path
@@ -773,7 +784,8 @@ constexpr int kOrRows = NF4_OR_ROWS;
 constexpr int kOrDepth = NF4_OR_DEPTH;
 constexpr int kOrRing = kOrDepth + 1;
 constexpr int kOrStepBytes = 256;           // packed bytes per W row per step: 32 lanes x 8
-constexpr int kOrStep = 2 * kOrStepBytes;   // K elements per step; the path needs K % kOrStep == 0
+constexpr int kOrStep = 2 * kOrStepBytes;   // K elements per step; the path needs K % (kOrStep / 2) == 0
+constexpr int kOrHalfStepSegments = 4;      // the 64-element segments (lanes g) of a half step
 #ifndef NF4_OR_WARPS
 #define NF4_OR_WARPS 16
 #endif
@@ -805,7 +817,7 @@ __host__ __device__ inline CtaRows cta_rows(int64_t cta, int64_t ctas, int64_t r
   return CtaRows{cta * rows / ctas, (cta + 1) * rows / ctas};
 }
 
-template <typename T>
+template <typename T, bool kHalfStep>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols,
@@ -815,7 +827,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   __shared__ float tile_parts[kOrWarps][2][kOrRows];
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int lane_byte = 32 * g + 8 * t;
-  const int steps = static_cast<int>(cols / kOrStep);  // per tile
+  const int steps = static_cast<int>(cols / kOrStep) + (kHalfStep ? 1 : 0);  // per tile, a last half step counted
   const int64_t row_bytes = cols / 2;
   const int64_t row_scales = cols >> blocksize_log2;  // whole blocks per W row (the host's rule)
   // From here on rows, tiles and pointers are the CTA's: 32-bit row and tile indices (one SM's share of W)
@@ -862,7 +874,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     const uint8_t* weight = load_weight;
     // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
     const float* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
-    if (load_rows == kOrRows) {  // every tile but a short last one
+    const bool lane_there = !kHalfStep || load_s + 1 < steps || g < kOrHalfStepSegments;  // in the row
+    if (load_rows == kOrRows && lane_there) {  // every step but a short last tile's and a half step's upper lanes
 #pragma unroll
       for (int r = 0; r < kOrRows; ++r) {
         weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
@@ -871,9 +884,9 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     } else {
 #pragma unroll
       for (int r = 0; r < kOrRows; ++r) {
-        if (r < load_rows) {
+        if (r < load_rows && lane_there) {
           weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
-        } else {  // past the CTA's rows: zeros, whose outputs are dropped
+        } else {  // past the CTA's rows (outputs dropped) or the row's end (x is zero there too): zeros
           weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
         }
         weight += row_bytes, scale += row_scales;
@@ -948,7 +961,13 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       acc[0] += __uint_as_float(bits & 0x3FFFFFFFu);
 #else
       const uint4* x16 = reinterpret_cast<const uint4*>(x_lane + int64_t{s} * kOrStep);
-      const uint4 xv[2] = {__ldg(x16), __ldg(x16 + 1)};
+      uint4 xv[2];
+      if constexpr (kHalfStep) {  // zeros past the row's end, whose weights load as zeros too
+        const bool there = s + 1 < steps || g < kOrHalfStepSegments;
+        xv[0] = load_16_or_zero(there, x16), xv[1] = load_16_or_zero(there, x16 + 1);
+      } else {
+        xv[0] = __ldg(x16), xv[1] = __ldg(x16 + 1);
+      }
 #pragma unroll
       for (int mt = 0; mt < kOrRows / 2; ++mt) {
         const uint2 lo = weights[2 * mt], hi = weights[2 * mt + 1];
@@ -1054,28 +1073,33 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 }
 
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
-// one row of x, plain absmax, whole 512-element steps, W rows that start on absmax block boundaries (its
-// scale addresses step by whole rows of blocks), and enough steps that every warp of the CTA with the fewest
-// rows (one CTA per SM) has kOrMinStepsPerWarp (fewer, on the small layers, and the tensor-core kernel's one
-// CTA per tile wins).
+// one row of x, plain absmax, whole 512-element steps or a last half step per row, W rows that start on absmax
+// block boundaries (its scale addresses step by whole rows of blocks), and enough steps (a half step counted as
+// one) that every warp of the CTA with the fewest rows (one CTA per SM) has kOrMinStepsPerWarp (fewer, on the
+// small layers, and the tensor-core kernel's one CTA per tile wins).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
 // leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29); with 4-row
 // tiles, 11-19% on the q/o layers it then took too (row 45).
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
   const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
-  return x_rows == 1 && !scales.nested() && cols % kOrStep == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
-         (fewest_rows + kOrRows - 1) / kOrRows * (cols / kOrStep) >= int64_t{kOrMinStepsPerWarp} * kOrWarps;
+  const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile
+  return x_rows == 1 && !scales.nested() && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
+         (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{kOrMinStepsPerWarp} * kOrWarps;
 }
 
 template <typename T>
 void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                          int64_t rows, int64_t cols, const T* bias, T* out, cudaStream_t stream) {
-  static std::atomic<int64_t> resident[64] = {};
-  prepare_kernel(resident, one_row_gemv_kernel<T>, kOrWarps * 32, kTcLutBytes);
-  const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
-  one_row_gemv_kernel<T><<<grid, kOrWarps * 32, kTcLutBytes, stream>>>(
-      x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const auto launch = [&](auto half_step_constant) {
+    constexpr bool kHalfStep = decltype(half_step_constant)::value;
+    static std::atomic<int64_t> resident[64] = {};  // one cache per instance
+    prepare_kernel(resident, one_row_gemv_kernel<T, kHalfStep>, kOrWarps * 32, kTcLutBytes);
+    const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
+    one_row_gemv_kernel<T, kHalfStep><<<grid, kOrWarps * 32, kTcLutBytes, stream>>>(
+        x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  cols % kOrStep == 0 ? launch(std::false_type{}) : launch(std::true_type{});
 }
 
 template <typename T>

@@ -81,13 +81,16 @@ def main():
     for nested in (False, True):
         packed, args = random_weight(wide_n, wide_k, 64, nested)
         failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
-    # The one-row kernel (one row of x, plain absmax, K % 512 == 0 and K % blocksize == 0, a range of N / SMs rows
+    # The one-row kernel (one row of x, plain absmax, K % 256 == 0 and K % blocksize == 0, a range of N / SMs rows
     # per CTA and at least 8 steps of 4 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
     # one_row_shape, whose test checks which kernel runs): 17 steps per tile, 8 tiles per CTA, each CTA's last
-    # tile of 2 or 3 rows (its others load as zeros), tiles shared by two or three warps of a CTA.
-    one_row_n, one_row_k = (4 * 8 - 2) * sms + 7, 512 * 17
-    packed, args = random_weight(one_row_n, one_row_k, 64, False)
-    failures += check_gemv(packed, args, 1, f"{one_row_n}x{one_row_k} one-row kernel")
+    # tile of 2 or 3 rows (its others load as zeros), tiles shared by two or three warps of a CTA; and the same
+    # with each row's last step a half step (K % 512 == 256), whose upper lanes must read nothing past W's and
+    # x's rows.
+    one_row_n = (4 * 8 - 2) * sms + 7
+    for one_row_k in (512 * 17, 512 * 17 - 256):
+        packed, args = random_weight(one_row_n, one_row_k, 64, False)
+        failures += check_gemv(packed, args, 1, f"{one_row_n}x{one_row_k} one-row kernel")
     # More rows than one tensor-core launch takes, on a W large enough for several (csrc/ops.h,
     # kTensorCoreGemvRowLimits*: 32 or 48 rows from 16 MiB packed): launches of 16 and 8 rows.
     packed, args = random_weight(8200, 4096, 64, False)

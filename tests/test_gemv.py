@@ -167,48 +167,60 @@ def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool) -
     this GPU's SM count), for tests that must know which kernel a call takes."""
     n, k = shape
     fewest_rows = n // torch.cuda.get_device_properties(0).multi_processor_count  # per CTA, one CTA per SM
-    steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * (k // 512)
-    return (not nested and k % 512 == 0 and k % blocksize == 0
+    steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * -(-k // 512)  # a last half step (K % 512 == 256) counts as one
+    return (not nested and k % 256 == 0 and k % blocksize == 0
             and steps >= ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS)  # fmt: skip
 
 
-def one_row_shape(steps: int) -> tuple[int, int]:
-    """A weight that takes the one-row kernel at one row of x (K % 512 == 0, one CTA of 16 warps per SM, each
+def one_row_shape(steps: int, half_step: bool = False) -> tuple[int, int]:
+    """A weight that takes the one-row kernel at one row of x (K % 256 == 0, one CTA of 16 warps per SM, each
     CTA a range of N / SMs rows tiled in 4-row tiles, and at least 8 steps of 4 rows x 512 elements per warp of
-    the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps` steps per tile. The
-    CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each), so every CTA's last tile has 2 or 3 rows (its other rows
-    load as zeros)."""
+    the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps` steps per tile, the
+    last of them a half step (256 elements) if `half_step`. The CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each),
+    so every CTA's last tile has 2 or 3 rows (its other rows load as zeros)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles_per_cta = -(-ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS // steps)
-    return (ONE_ROW_TILE_ROWS * tiles_per_cta - 2) * sms + 7, 512 * steps
+    return (ONE_ROW_TILE_ROWS * tiles_per_cta - 2) * sms + 7, 512 * steps - (256 if half_step else 0)
 
 
-# (steps per tile, blocksize, quant_type, dtype, bias): odd and even step counts, so warps' runs end anywhere in
-# a tile and on any slot of the load ring; every blocksize (one absmax value per segment, per 2 or 4 segments,
-# per step, per 2, 4 or 8 steps), and blocks of 4096 that span two rows at K = 5120, which the one-row kernel
-# leaves to the tensor-core kernel (its scale addresses need rows that start on a block); and one step per tile
-# (K = 512, ~67k rows of W), where no tile is shared.
+# (steps per tile, last step a half step, blocksize, quant_type, dtype, bias): odd and even step counts, so
+# warps' runs end anywhere in a tile and on any slot of the load ring; every blocksize (one absmax value per
+# segment, per 2 or 4 segments, per step, per 2, 4 or 8 steps), and blocks of 4096 that span two rows at
+# K = 5120, which the one-row kernel leaves to the tensor-core kernel (its scale addresses need rows that start
+# on a block); one step per tile (K = 512, ~67k rows of W), where no tile is shared; and rows that end in a half
+# step (K % 512 == 256, as Gemma's K = 5376), one half step alone per row (K = 256) among them, and one where
+# blocks of 512 then span rows (the tensor-core kernel).
 ONE_ROW_CASES = [
-    (1, 512, "nf4", torch.bfloat16, True),
-    (17, 64, "nf4", torch.bfloat16, True),
-    (17, 128, "fp4", torch.float16, False),
-    (10, 4096, "nf4", torch.bfloat16, True),
-    (24, 4096, "fp4", torch.float16, False),
-    (10, 512, "nf4", torch.float16, False),
-    (33, 256, "nf4", torch.bfloat16, True),
-    (9, 1024, "fp4", torch.bfloat16, False),
-    (16, 2048, "nf4", torch.float16, True),
+    (1, False, 512, "nf4", torch.bfloat16, True),
+    (17, False, 64, "nf4", torch.bfloat16, True),
+    (17, False, 128, "fp4", torch.float16, False),
+    (10, False, 4096, "nf4", torch.bfloat16, True),
+    (24, False, 4096, "fp4", torch.float16, False),
+    (10, False, 512, "nf4", torch.float16, False),
+    (33, False, 256, "nf4", torch.bfloat16, True),
+    (9, False, 1024, "fp4", torch.bfloat16, False),
+    (16, False, 2048, "nf4", torch.float16, True),
+    (11, True, 64, "nf4", torch.bfloat16, True),
+    (11, True, 128, "fp4", torch.float16, False),
+    (1, True, 256, "nf4", torch.float16, True),
+    (4, True, 256, "nf4", torch.bfloat16, False),
+    (18, True, 512, "fp4", torch.bfloat16, True),
 ]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize("case", ONE_ROW_CASES, ids=lambda c: f"steps{c[0]}-bs{c[1]}-{c[2]}-{dtype_id(c[3])}")
+@pytest.mark.parametrize(
+    "case", ONE_ROW_CASES, ids=lambda c: f"steps{c[0]}{'-half' if c[1] else ''}-bs{c[2]}-{c[3]}-{dtype_id(c[4])}"
+)
 def test_gemv_one_row_kernel(case):
-    steps, blocksize, quant_type, dtype, with_bias = case
-    shape = one_row_shape(steps)
+    steps, half_step, blocksize, quant_type, dtype, with_bias = case
+    shape = one_row_shape(steps, half_step)
     quantized = bnb_quantize(shape, quant_type, blocksize, False, device="cuda" if bnb_cuda_works() else "cpu")
     packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
-    x = random_x((1, shape[1]), dtype, "cuda")
+    # x's row is followed in memory by NaNs, so a kernel that read past its end (a half step's upper lanes) would
+    # return NaNs
+    x = torch.full((1, shape[1] + 64), float("nan"), dtype=dtype, device="cuda")[:, : shape[1]]
+    x.copy_(random_x((1, shape[1]), dtype, "cuda"))
     bias = random_x((shape[0],), dtype, "cuda", seed=7) if with_bias else None
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
         out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
