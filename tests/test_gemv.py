@@ -91,9 +91,11 @@ def test_gemv_non_contiguous_x(rows, device):
 # fp32 parts. One CTA per tile (tc_cta_per_tile: no more tiles than SMs, at most 32 turns per tile), whose
 # warps add their parts in shared memory: 61 tiles of 21 turns (some warps take 2, some 1), the last of 8
 # rows; and 12 turns in all (3 tiles x 4), so that most warps get none. Each with its own blocksize: one,
-# two and four absmax blocks per turn are three ways of copying and reading the scales.
+# two and four absmax blocks per turn are three ways of copying and reading the scales. (many_tiles' blocks of
+# 512 span rows at K = 4352, which also keeps its one row of x off the one-row kernel on any GPU: that kernel
+# needs rows that start on a block.)
 TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel runs)
-    "many_tiles": ((16 * 900 + 8, 256 * 17), 256, True),
+    "many_tiles": ((16 * 900 + 8, 256 * 17), 512, True),
     "k_slices": ((40, 256 * 67), 64, True),
     "cta_per_tile": ((16 * 60 + 8, 256 * 21), 64, False),
     "few_turns": ((40, 1024), 128, False),
