@@ -792,9 +792,10 @@ constexpr int kOrHalfStepSegments = 4;      // the 64-element segments (lanes g)
 constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (they share one table)
 // Layers with fewer steps per warp keep the tensor-core kernel. With 4-row tiles Llama's and Qwen's q/o layers
 // (16 and 10 steps per warp) took this kernel and were 11-19% faster than on the tensor-core kernel on both
-// GPUs (NOTES gemv rows 44-45); with 8-row tiles they had been 3-9% slower (rows 27 and 34). The k/v layers
-// (2-3 steps per warp) stay with the tensor-core kernel's one CTA per tile.
-constexpr int kOrMinStepsPerWarp = 8;
+// GPUs (NOTES gemv rows 44-45; with 8-row tiles they had been 3-9% slower, rows 27 and 34), Gemma's q/o (5.5)
+// 17-21% (row 53), Llama's k/v (2) 4-9% and Gemma's k/v (2.75) the same to 0.1 us (row 53). Qwen's k/v (1.25
+// steps per warp) stay with the tensor-core kernel's one CTA per tile.
+constexpr int kOrMinStepsPerWarp = 2;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 
 // Loads that skip L1: the weights and scales are read once, and L1 is left to x, which every warp rereads.
@@ -1076,10 +1077,10 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 // one row of x, plain absmax, whole 512-element steps or a last half step per row, W rows that start on absmax
 // block boundaries (its scale addresses step by whole rows of blocks), and enough steps (a half step counted as
 // one) that every warp of the CTA with the fewest rows (one CTA per SM) has kOrMinStepsPerWarp (fewer, on the
-// small layers, and the tensor-core kernel's one CTA per tile wins).
+// smallest layers, and the tensor-core kernel's one CTA per tile is what is measured there).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
 // leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29); with 4-row
-// tiles, 11-19% on the q/o layers it then took too (row 45).
+// tiles, 11-21% on the q/o layers it then took too (rows 45 and 53).
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
   const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
   const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile

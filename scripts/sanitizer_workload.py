@@ -82,13 +82,14 @@ def main():
         packed, args = random_weight(wide_n, wide_k, 64, nested)
         failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
     # The one-row kernel (one row of x, plain absmax, K % 256 == 0 and K % blocksize == 0, a range of N / SMs rows
-    # per CTA and at least 8 steps of 4 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
-    # one_row_shape, whose test checks which kernel runs): 17 steps per tile, 8 tiles per CTA, each CTA's last
-    # tile of 2 or 3 rows (its others load as zeros), tiles shared by two or three warps of a CTA; and the same
-    # with each row's last step a half step (K % 512 == 256), whose upper lanes must read nothing past W's and
-    # x's rows.
-    one_row_n = (4 * 8 - 2) * sms + 7
-    for one_row_k in (512 * 17, 512 * 17 - 256):
+    # per CTA and at least 2 steps of 4 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
+    # one_row_shape, whose test checks which kernel runs): 17 steps per tile, 8 tiles per CTA (8-9 steps per
+    # warp, so the warps refill their rings of loads), each CTA's last tile of 2 or 3 rows (its others load as
+    # zeros), tiles shared by two or three warps of a CTA; the same with each row's last step a half step
+    # (K % 512 == 256), whose upper lanes must read nothing past W's and x's rows; and 2 tiles per CTA (2-3 steps
+    # per warp: runs shorter than the ring).
+    for tiles_per_cta, one_row_k in ((8, 512 * 17), (8, 512 * 17 - 256), (2, 512 * 17)):
+        one_row_n = (4 * tiles_per_cta - 2) * sms + 7
         packed, args = random_weight(one_row_n, one_row_k, 64, False)
         failures += check_gemv(packed, args, 1, f"{one_row_n}x{one_row_k} one-row kernel")
     # More rows than one tensor-core launch takes, on a W large enough for several (csrc/ops.h,

@@ -161,7 +161,7 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 # The one-row kernel's tiling (csrc/gemv.cu: kOrRows, kOrMinStepsPerWarp, kOrWarps), which the shapes below are
 # built around; the test fails, not passes vacuously, if the kernel's rule changes, since it asserts which
 # kernel ran.
-ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 8, 16
+ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
 
 
 def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool) -> bool:
@@ -174,14 +174,17 @@ def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool) -
             and steps >= ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS)  # fmt: skip
 
 
-def one_row_shape(steps: int, half_step: bool = False) -> tuple[int, int]:
+def one_row_shape(steps: int, half_step: bool = False, steps_per_warp: int = 8) -> tuple[int, int]:
     """A weight that takes the one-row kernel at one row of x (K % 256 == 0, one CTA of 16 warps per SM, each
-    CTA a range of N / SMs rows tiled in 4-row tiles, and at least 8 steps of 4 rows x 512 elements per warp of
+    CTA a range of N / SMs rows tiled in 4-row tiles, and at least 2 steps of 4 rows x 512 elements per warp of
     the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps` steps per tile, the
-    last of them a half step (256 elements) if `half_step`. The CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each),
-    so every CTA's last tile has 2 or 3 rows (its other rows load as zeros)."""
+    last of them a half step (256 elements) if `half_step`, and about `steps_per_warp` (>= the kernel's minimum)
+    steps per warp: 8, runs long enough to refill the warp's ring of loads (4 steps), unless told otherwise.
+    The CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each), so every CTA's last tile has 2 or 3 rows (its other
+    rows load as zeros)."""
+    assert steps_per_warp >= ONE_ROW_MIN_STEPS_PER_WARP
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles_per_cta = -(-ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS // steps)
+    tiles_per_cta = -(-steps_per_warp * ONE_ROW_WARPS // steps)
     return (ONE_ROW_TILE_ROWS * tiles_per_cta - 2) * sms + 7, 512 * steps - (256 if half_step else 0)
 
 
@@ -191,32 +194,37 @@ def one_row_shape(steps: int, half_step: bool = False) -> tuple[int, int]:
 # K = 5120, which the one-row kernel leaves to the tensor-core kernel (its scale addresses need rows that start
 # on a block); one step per tile (K = 512, ~67k rows of W), where no tile is shared; and rows that end in a half
 # step (K % 512 == 256, as Gemma's K = 5376), one half step alone per row (K = 256) among them, and one where
-# blocks of 512 then span rows (the tensor-core kernel).
+# blocks of 512 then span rows (the tensor-core kernel). The last field: steps per warp, 8 (refills of the load
+# ring) but for two cases at the kernel's minimum of 2 (runs shorter than the ring, as on the k/v layers).
 ONE_ROW_CASES = [
-    (1, False, 512, "nf4", torch.bfloat16, True),
-    (17, False, 64, "nf4", torch.bfloat16, True),
-    (17, False, 128, "fp4", torch.float16, False),
-    (10, False, 4096, "nf4", torch.bfloat16, True),
-    (24, False, 4096, "fp4", torch.float16, False),
-    (10, False, 512, "nf4", torch.float16, False),
-    (33, False, 256, "nf4", torch.bfloat16, True),
-    (9, False, 1024, "fp4", torch.bfloat16, False),
-    (16, False, 2048, "nf4", torch.float16, True),
-    (11, True, 64, "nf4", torch.bfloat16, True),
-    (11, True, 128, "fp4", torch.float16, False),
-    (1, True, 256, "nf4", torch.float16, True),
-    (4, True, 256, "nf4", torch.bfloat16, False),
-    (18, True, 512, "fp4", torch.bfloat16, True),
+    (1, False, 512, "nf4", torch.bfloat16, True, 8),
+    (17, False, 64, "nf4", torch.bfloat16, True, 8),
+    (17, False, 128, "fp4", torch.float16, False, 8),
+    (10, False, 4096, "nf4", torch.bfloat16, True, 8),
+    (24, False, 4096, "fp4", torch.float16, False, 8),
+    (10, False, 512, "nf4", torch.float16, False, 8),
+    (33, False, 256, "nf4", torch.bfloat16, True, 8),
+    (9, False, 1024, "fp4", torch.bfloat16, False, 8),
+    (16, False, 2048, "nf4", torch.float16, True, 8),
+    (11, True, 64, "nf4", torch.bfloat16, True, 8),
+    (11, True, 128, "fp4", torch.float16, False, 8),
+    (1, True, 256, "nf4", torch.float16, True, 8),
+    (4, True, 256, "nf4", torch.bfloat16, False, 8),
+    (18, True, 512, "fp4", torch.bfloat16, True, 8),
+    (16, False, 64, "nf4", torch.bfloat16, True, 2),
+    (11, True, 64, "fp4", torch.float16, False, 2),
 ]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize(
-    "case", ONE_ROW_CASES, ids=lambda c: f"steps{c[0]}{'-half' if c[1] else ''}-bs{c[2]}-{c[3]}-{dtype_id(c[4])}"
+    "case",
+    ONE_ROW_CASES,
+    ids=lambda c: f"steps{c[0]}{'-half' if c[1] else ''}-bs{c[2]}-{c[3]}-{dtype_id(c[4])}-{c[6]}perwarp",
 )
 def test_gemv_one_row_kernel(case):
-    steps, half_step, blocksize, quant_type, dtype, with_bias = case
-    shape = one_row_shape(steps, half_step)
+    steps, half_step, blocksize, quant_type, dtype, with_bias, steps_per_warp = case
+    shape = one_row_shape(steps, half_step, steps_per_warp)
     quantized = bnb_quantize(shape, quant_type, blocksize, False, device="cuda" if bnb_cuda_works() else "cpu")
     packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
     # x's row is followed in memory by NaNs, so a kernel that read past its end (a half step's upper lanes) would
