@@ -1076,8 +1076,8 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 // Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
 // one row of x, plain absmax, whole 512-element steps or a last half step per row, W rows that start on absmax
 // block boundaries (its scale addresses step by whole rows of blocks), and enough steps (a half step counted as
-// one) that every warp of the CTA with the fewest rows (one CTA per SM) has kOrMinStepsPerWarp (fewer, on the
-// smallest layers, and the tensor-core kernel's one CTA per tile is what is measured there).
+// one) that every warp of the CTA with the fewest rows (one CTA per SM) has kOrMinStepsPerWarp (the smallest
+// layers, with fewer, keep the tensor-core kernel's one CTA per tile: row 53 measured none of them on this one).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
 // leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29); with 4-row
 // tiles, 11-21% on the q/o layers it then took too (rows 45 and 53).
