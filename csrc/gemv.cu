@@ -829,6 +829,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int lane_byte = 32 * g + 8 * t;
   const int steps = static_cast<int>(cols / kOrStep) + (kHalfStep ? 1 : 0);  // per tile, a last half step counted
+  // Whether the lane's segment of step s lies in the row: all but the upper lanes of a last half step.
+  const auto segment_in_row = [&](int s) { return !kHalfStep || s + 1 < steps || g < kOrHalfStepSegments; };
   const int64_t row_bytes = cols / 2;
   const int64_t row_scales = cols >> blocksize_log2;  // whole blocks per W row (the host's rule)
   // From here on rows, tiles and pointers are the CTA's: 32-bit row and tile indices (one SM's share of W)
@@ -875,7 +877,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     const uint8_t* weight = load_weight;
     // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
     const float* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
-    const bool lane_there = !kHalfStep || load_s + 1 < steps || g < kOrHalfStepSegments;  // in the row
+    const bool lane_there = segment_in_row(load_s);
     if (load_rows == kOrRows && lane_there) {  // every step but a short last tile's and a half step's upper lanes
 #pragma unroll
       for (int r = 0; r < kOrRows; ++r) {
@@ -964,8 +966,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       const uint4* x16 = reinterpret_cast<const uint4*>(x_lane + int64_t{s} * kOrStep);
       uint4 xv[2];
       if constexpr (kHalfStep) {  // zeros past the row's end, whose weights load as zeros too
-        const bool there = s + 1 < steps || g < kOrHalfStepSegments;
-        xv[0] = load_16_or_zero(there, x16), xv[1] = load_16_or_zero(there, x16 + 1);
+        xv[0] = load_16_or_zero(segment_in_row(s), x16), xv[1] = load_16_or_zero(segment_in_row(s), x16 + 1);
       } else {
         xv[0] = __ldg(x16), xv[1] = __ldg(x16 + 1);
       }

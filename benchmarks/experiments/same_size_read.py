@@ -20,6 +20,7 @@ import nf4_ops  # noqa: F401  (registers torch.ops.nf4)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import BLOCKSIZE, PAPER_LAYERS, copies_for, graph_median_us, measure_ceilings  # noqa: E402
 from report import gemv_bytes, read_ceiling  # noqa: E402
+from time_gemv import random_weight  # noqa: E402  (this folder)
 
 
 def main() -> None:
@@ -41,8 +42,7 @@ def main() -> None:
         flat = [(w.view(-1),) for (w,) in dense]
         sum_us = graph_median_us(lambda f: f.sum(dtype=torch.float32), flat)
         del dense, flat
-        packed = [(torch.randint(0, 256, (layer.n * layer.k // 2, 1), dtype=torch.uint8, device="cuda"),
-                   torch.rand(layer.n * layer.k // BLOCKSIZE, device="cuda") + 0.5) for _ in range(count)]
+        packed = [random_weight(layer.n, layer.k) for _ in range(count)]
         shape = [layer.n, layer.k]
         gemv_us = graph_median_us(lambda p, a: torch.ops.nf4.gemv(x, p, a, BLOCKSIZE, "nf4", shape), packed)
         del packed
