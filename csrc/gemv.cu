@@ -1001,6 +1001,195 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Multi-row path (2-16 rows of x, plain absmax, K % kMrStep == 0, W rows starting on absmax block boundaries,
+// sm_80+, at least kMrMinStepsPerWarp steps per warp): the one-row kernel's stream with the tensor-core
+// kernel's decode. As in the one-row kernel, each lane loads its own weight bytes and scales into a ring of
+// registers kMrDepth steps ahead (no shared-memory staging, no warp-wide wait per turn), each CTA owns a
+// contiguous range of W rows, its (tile, step) sequence is split over its warps, and the tiles two warps share
+// are added in shared memory at the CTA's end. The decode is tc_gemv_step's: the mma's 16 A rows are 16 W rows
+// (lane (g, t): rows g and g + 8 of each m-tile, bytes 8t .. 8t + 7 of each 32-byte piece of 64 elements),
+// its 8 columns rows of x (one n-tile for 2-8 rows, two for 9-16).
+#ifndef NF4_MR_SUBSTEPS  // build-time knobs for tuning runs (benchmarks/NOTES.md)
+#define NF4_MR_SUBSTEPS 2
+#endif
+#ifndef NF4_MR_DEPTH
+#define NF4_MR_DEPTH 3
+#endif
+#ifndef NF4_MR_MTILES
+#define NF4_MR_MTILES 1
+#endif
+#ifndef NF4_MR_MIN_STEPS_PER_WARP
+#define NF4_MR_MIN_STEPS_PER_WARP 4
+#endif
+constexpr int kMrSubsteps = NF4_MR_SUBSTEPS;     // 64-element pieces (one absmax scale per W row each) per step
+constexpr int kMrStep = kTcStep * kMrSubsteps;   // K elements per step
+constexpr int kMrDepth = NF4_MR_DEPTH;           // steps loaded ahead
+constexpr int kMrRing = kMrDepth + 1;
+constexpr int kMrMTiles = NF4_MR_MTILES;         // mma m-tiles per tile (each x load feeds all of them)
+constexpr int kMrRows = kTcMmaRows * kMrMTiles;  // W rows per tile
+constexpr int kMrLaneRows = 2 * kMrMTiles;       // W rows per lane: 8i + g, i < kMrLaneRows
+constexpr int kMrWarps = 16;                     // warps per CTA, one CTA per SM (they share one table)
+constexpr int kMrMinStepsPerWarp = NF4_MR_MIN_STEPS_PER_WARP;
+
+// The dynamic shared memory of multi_row_gemv_kernel: the table, then the parts of the CTA's shared tiles,
+// [warp][0: its first tile, 1: its last][x row][tile row] fp32.
+template <int kNTiles>
+constexpr int multi_row_shared_bytes() {
+  return kTcLutBytes + kMrWarps * 2 * 8 * kNTiles * kMrRows * static_cast<int>(sizeof(float));
+}
+
+template <typename T, int kNTiles>
+__global__ void __launch_bounds__(kMrWarps * 32, 1)
+    multi_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed,
+                          const float* __restrict__ absmax, QuantType quant_type, int blocksize_log2, int64_t rows,
+                          int64_t cols, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  constexpr int kPartRows = 8 * kNTiles;  // x rows per part
+  extern __shared__ __align__(16) uint8_t mr_shared[];
+  auto tile_parts = reinterpret_cast<float(*)[2][kPartRows][kMrRows]>(mr_shared + kTcLutBytes);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int steps = static_cast<int>(cols / kMrStep);  // per tile
+  const int64_t row_bytes = cols / 2;
+  const int64_t row_scales = cols >> blocksize_log2;  // whole blocks per W row (the host's rule)
+  const int64_t eight_rows_bytes = 8 * row_bytes, eight_rows_scales = 8 * row_scales;
+  // From here on rows, tiles and pointers are the CTA's (as in one_row_gemv_kernel).
+  const CtaRows cta = cta_rows(blockIdx.x, gridDim.x, rows);
+  const int cta_row_count = static_cast<int>(cta.end - cta.first);
+  packed += cta.first * row_bytes;
+  absmax += cta.first * row_scales;
+  out += cta.first;
+  if (bias != nullptr) bias += cta.first;
+  const int64_t total = int64_t{(cta_row_count + kMrRows - 1) / kMrRows} * steps;  // the CTA's (tile, step)s
+  const int warp = threadIdx.x / 32;
+  const WarpTurns mine = warp_turns(warp, kMrWarps, total);
+  const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
+  const int first_tile = static_cast<int>(mine.first / steps);
+  const int first_s = static_cast<int>(mine.first - int64_t{first_tile} * steps);
+  int merge_from = -1;  // the first sharer's slot of the shared tile this warp adds at the end, or -1 (one-row's rule)
+  if (first_s != 0) {
+    const int64_t tile_first = int64_t{first_tile} * steps;
+    if (warp_of_turn(tile_first + steps - 1, kMrWarps, total) == warp) {
+      merge_from = static_cast<int>(first_sharer_slot(tile_first, kMrWarps, total));
+    }
+  }
+
+  // The load cursor: the step the next loads are for, the lane's weight bytes of its row g there and its row g's
+  // first scale of the tile; row 8i + g is i x eight_rows_* further on.
+  int load_tile = first_tile;
+  int load_s = first_s;
+  const uint8_t* load_weight = nullptr;
+  const float* load_tile_scales = nullptr;
+  int load_rows = 0;  // the tile's rows in the CTA's range (the last tile's others load as zeros)
+  const auto seek = [&] {
+    const int first_row = load_tile * kMrRows;
+    load_weight = packed + (first_row + g) * row_bytes + int64_t{load_s} * (kMrStep / 2) + 8 * t;
+    load_tile_scales = absmax + (first_row + g) * row_scales;
+    load_rows = min(cta_row_count - first_row, kMrRows);
+  };
+  const auto load_step = [&](uint2(&weights)[kMrLaneRows][kMrSubsteps], float(&scales)[kMrLaneRows][kMrSubsteps]) {
+    const uint8_t* weight = load_weight;
+    const float* scale = load_tile_scales;
+    const int step_start = load_s * kMrStep;
+#pragma unroll
+    for (int i = 0; i < kMrLaneRows; ++i) {
+      const bool there = load_rows == kMrRows || 8 * i + g < load_rows;
+#pragma unroll
+      for (int v = 0; v < kMrSubsteps; ++v) {
+        if (there) {
+          weights[i][v] = load_once_8(weight + 32 * v);
+          scales[i][v] = load_once_f32(scale + ((step_start + kTcStep * v) >> blocksize_log2));
+        } else {  // past the CTA's rows: zeros (outputs dropped)
+          weights[i][v] = make_uint2(0, 0), scales[i][v] = 0.0f;
+        }
+      }
+      weight += eight_rows_bytes, scale += eight_rows_scales;
+    }
+    load_weight += kMrStep / 2;
+    if (++load_s == steps) load_s = 0, ++load_tile, seek();
+  };
+  seek();
+  uint2 ring_weights[kMrRing][kMrLaneRows][kMrSubsteps];
+  float ring_scales[kMrRing][kMrLaneRows][kMrSubsteps];
+#pragma unroll
+  for (int d = 0; d < kMrRing; ++d) {
+    if (d < count) load_step(ring_weights[d], ring_scales[d]);
+  }
+  fill_code_pair_table<T>(mr_shared, quant_type);
+  __syncthreads();
+
+  const uint32_t lut = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(__cvta_generic_to_shared(mr_shared)), 0);
+  const uint32_t lane4 = 4 * lane;
+  int tile = first_tile;
+  int s = first_s;
+  bool from_tile_start = s == 0;
+  // x row g (n-tile 0) and 8 + g (n-tile 1), both clamped to the last row: every lane loads x, since with
+  // tc_gemv_step's skipped loads (XRows::there) the one-n-tile instance spilled its x values every step.
+  const int x_row = g < x_rows ? g : x_rows - 1;
+  const T* x_lane = x + x_row * cols + 16 * t;
+  const XRows x_lanes{true, ((8 + g < x_rows ? 8 + g : x_rows - 1) - x_row) * cols};
+  float acc[kMrMTiles][kNTiles][4] = {};
+
+  // The warp leaves `tile`: each lane writes its accumulators, to the output when the warp took the whole
+  // tile, else to its slot for the tile (0: its first tile, 1: its last), added at the CTA's end.
+  const auto flush = [&](bool whole) {
+#pragma unroll
+    for (int mt = 0; mt < kMrMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const auto [m, r] = acc_position(mt, nt, i, g, t);
+          const int n = tile * kMrRows + r;
+          const float value = acc[mt][nt][i];
+          acc[mt][nt][i] = 0.0f;
+          if (m >= x_rows || n >= cta_row_count) continue;
+          if (whole) {
+            out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
+          } else {
+            tile_parts[warp][tile == first_tile ? 0 : 1][m][r] = value;
+          }
+        }
+      }
+    }
+  };
+
+  for (int q0 = 0; q0 < count; q0 += kMrRing) {
+#pragma unroll
+    for (int d = 0; d < kMrRing; ++d) {
+      const int q = q0 + d;
+      if (q >= count) break;
+#pragma unroll
+      for (int v = 0; v < kMrSubsteps; ++v) {
+        uint2 w_lo[kMrMTiles], w_hi[kMrMTiles];
+        float scale_lo[kMrMTiles], scale_hi[kMrMTiles];
+#pragma unroll
+        for (int mt = 0; mt < kMrMTiles; ++mt) {
+          w_lo[mt] = ring_weights[d][2 * mt][v], w_hi[mt] = ring_weights[d][2 * mt + 1][v];
+          scale_lo[mt] = ring_scales[d][2 * mt][v], scale_hi[mt] = ring_scales[d][2 * mt + 1][v];
+        }
+        tc_gemv_step<T, kMrMTiles, kNTiles>(w_lo, w_hi, scale_lo, scale_hi,
+                                            x_lane + int64_t{s} * kMrStep + kTcStep * v, x_lanes, lut, lane4, acc);
+      }
+      if (q + kMrRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
+      if (s + 1 == steps || q + 1 == count) flush(from_tile_start && s + 1 == steps);
+      if (++s == steps) s = 0, ++tile, from_tile_start = true;
+    }
+  }
+
+  // The shared tile this warp adds, in warp order (the same bits on every run).
+  __syncthreads();
+  if (merge_from >= 0) {
+    for (int i = lane; i < x_rows * kMrRows; i += 32) {
+      const int m = i / kMrRows, r = i % kMrRows;
+      const int n = first_tile * kMrRows + r;
+      if (n >= cta_row_count) continue;
+      float sum = tile_parts[merge_from / 2][merge_from % 2][m][r];
+      for (int w = merge_from / 2 + 1; w <= warp; ++w) sum += tile_parts[w][0][m][r];
+      out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+    }
+  }
+}
+
 // Whether the tensor-core kernel can take this call: its layout needs whole 256-element turns (so a turn
 // never straddles a row, and its absmax blocks are one copy), 16-byte weight copies and x loads, 16-byte
 // absmax copies (4-byte copies of nested codes, a nested block of at least one turn's 4 blocks), and its
@@ -1102,6 +1291,36 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   cols % kOrStep == 0 ? launch(std::false_type{}) : launch(std::true_type{});
+}
+
+#ifndef NF4_MULTI_ROW  // experiment switch (benchmarks/NOTES.md, gemv row 55)
+#define NF4_MULTI_ROW 0
+#endif
+// Whether the multi-row kernel takes a launch of 2-16 rows that the tensor-core kernel could take: plain absmax,
+// whole steps, W rows that start on absmax block boundaries, and kMrMinStepsPerWarp steps for every warp of the
+// CTA with the fewest rows.
+bool multi_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows,
+                            int64_t cols) {
+  const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
+  return NF4_MULTI_ROW && x_rows >= 2 && x_rows <= 16 && !scales.nested() && cols % kMrStep == 0 &&
+         cols % (int64_t{1} << blocksize_log2) == 0 &&
+         (fewest_rows + kMrRows - 1) / kMrRows * (cols / kMrStep) >= int64_t{kMrMinStepsPerWarp} * kMrWarps;
+}
+
+template <typename T>
+void launch_multi_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
+                           int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
+  const auto launch = [&](auto n_tiles_constant) {
+    constexpr int kNTiles = decltype(n_tiles_constant)::value;
+    constexpr int kShared = multi_row_shared_bytes<kNTiles>();
+    static std::atomic<int64_t> resident[64] = {};  // one cache per instance
+    prepare_kernel(resident, multi_row_gemv_kernel<T, kNTiles>, kMrWarps * 32, kShared);
+    const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // multi_row_gemv_applies' CTAs
+    multi_row_gemv_kernel<T, kNTiles><<<grid, kMrWarps * 32, kShared, stream>>>(
+        x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  x_rows <= 8 ? launch(std::integral_constant<int, 1>{}) : launch(std::integral_constant<int, 2>{});
 }
 
 template <typename T>
@@ -1207,6 +1426,9 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
           if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols)) {
             launch_one_row_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, bias_data,
                                    out_data + first * rows, stream);
+          } else if (multi_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols)) {
+            launch_multi_row_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, launch_rows, bias_data,
+                                     out_data + first * rows, stream);
           } else {
             launch_tc_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, launch_rows, bias_data,
                               out_data + first * rows, out, stream);
