@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <cooperative_groups.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -130,8 +131,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // fp32 slots, which a second kernel adds in warp order. Small-N layers (no more tiles than resident CTAs,
 // and few turns per tile: tc_cta_per_tile) take one CTA per tile instead: the same split with the grid
 // cut to one CTA per tile keeps each tile's warps in one CTA, and they add their parts in shared memory,
-// so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Every order is fixed, so the
-// result is the same on every run.
+// so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Where that would leave SMs idle
+// (Llama's and Qwen's k/v: 64 tiles), each tile takes a cluster of CTAs on sm_90 (tc_tile_cluster), and the
+// cluster's first CTA adds the others' parts through distributed shared memory (row 56). Every order is
+// fixed, so the result is the same on every run.
 constexpr int kTcWarps = 16;                      // warps per CTA, one CTA per SM (they share one table)
 constexpr int kTcMmaRows = 16;                    // W rows per mma (its M); a tile is kMTiles of them
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
@@ -546,10 +549,11 @@ __device__ __forceinline__ AccPosition acc_position(int mt, int nt, int i, int g
   return AccPosition{nt * 8 + 2 * t + i % 2, kTcMmaRows * mt + g + (i >= 2 ? 8 : 0)};
 }
 
-// The end of tc_gemv_kernel with one CTA per tile (tile blockIdx.x, shared out over the CTA's warps): each
-// warp puts its sums (zeros if it had no turns) into its own ring of stages, whose copies have all landed,
-// as [x row][tile row] fp32; then the CTA adds the warps' parts in warp order, adds the bias, and writes
-// the tile's outputs.
+// The end of tc_gemv_kernel with one CTA per tile, or one cluster of CTAs per tile (tile blockIdx.x / the
+// cluster's size, shared out over the cluster's warps in CTA order): each warp puts its sums (zeros if it had
+// no turns) into its own ring of stages, whose copies have all landed, as [x row][tile row] fp32; then the
+// cluster's first CTA adds the parts of every warp of the cluster in warp order (the other CTAs' through
+// distributed shared memory), adds the bias, and writes the tile's outputs.
 template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], uint8_t* rings, int64_t rows,
                                                int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
@@ -572,23 +576,47 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
       }
     }
   }
+  // Every CTA of the tile's cluster: its parts are written (a cluster of one on older GPUs: the CTA's barrier).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const int ctas = static_cast<int>(cluster.num_blocks());
+  cluster.sync();
+#else
+  const int ctas = 1;  // the host launches clusters only on sm_90
   __syncthreads();
-  const int64_t first_row = int64_t{blockIdx.x} * Tile::kRows;
-  for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
-    const int m = i / Tile::kRows, r = i % Tile::kRows;
-    if (first_row + r >= rows) continue;
-    float sum = reinterpret_cast<const float*>(rings)[i];
+#endif
+  const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
+  if (blockIdx.x % ctas == 0) {
+    for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
+      const int m = i / Tile::kRows, r = i % Tile::kRows;
+      if (first_row + r >= rows) continue;
+      float sum = 0.0f;
+      for (int c = 0; c < ctas; ++c) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        const uint8_t* cta_rings = c == 0 ? rings : cluster.map_shared_rank(rings, c);
+#else
+        const uint8_t* cta_rings = rings;
+#endif
 #pragma unroll
-    for (int w = 1; w < kTcWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
-    const int64_t n = first_row + r;
-    out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+        for (int w = 0; w < kTcWarps; ++w) {
+          const float value = reinterpret_cast<const float*>(cta_rings + w * kRingBytes)[i];
+          sum = c == 0 && w == 0 ? value : sum + value;
+        }
+      }
+      const int64_t n = first_row + r;
+      out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+    }
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cluster.sync();  // the other CTAs' shared memory stays until the first CTA has read it
+#endif
 }
 
 // Requirements (checked by tensor_core_gemv_applies): K % 256 == 0, blocksize >= 64, packed and x 16-byte
 // aligned, plain absmax 16-byte / nested codes 4-byte aligned, nested blocksize >= 4,
 // 1 <= x_rows <= 8 * kNTiles. `partial` holds two [x_rows][tile rows] fp32 slots per warp (tc_partial_floats);
-// with kCtaPerTile (grid = the number of tiles, CTA c takes tile c) it is unused and may be null.
+// with kCtaPerTile (grid = the number of tiles x the cluster's size, cluster c takes tile c) it is unused and
+// may be null.
 // (kCtaPerTile is a template argument, not a runtime flag, because the flag cost the 1-n-tile loop two more
 // register spills.)
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
@@ -1050,6 +1078,41 @@ int prepare_tc_kernel() {
                         TileShape<kMTiles>::kSharedBytes);
 }
 
+// A launch of `grid` CTAs in clusters of `cluster` (sm_90); `attribute` is the storage the config points at.
+cudaLaunchConfig_t cluster_launch_config(int64_t grid, int threads, int shared_bytes, cudaStream_t stream,
+                                         int cluster, cudaLaunchAttribute& attribute) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+  config.blockDim = dim3(threads, 1, 1);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+// The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 where a tile has more
+// turns than one CTA has warps (a second CTA then halves the busiest warps' turns) and a cluster for every tile
+// fits on the GPU at once (Llama's and Qwen's k/v, 64 tiles, would otherwise leave half of 132 SMs idle);
+// else 1. `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
+constexpr int kTcTileCluster = 2;
+template <typename Kernel>
+int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int shared_bytes,
+                    cudaStream_t stream) {
+  if (at::cuda::getCurrentDeviceProperties()->major < 9 || turns <= kTcWarps) return 1;
+  const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config =
+        cluster_launch_config(kTcTileCluster, kTcWarps * 32, shared_bytes, stream, kTcTileCluster, attribute);
+    int count = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &config));
+    return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
+  }) - 1;
+  return tiles <= clusters ? kTcTileCluster : 1;
+}
+
 // The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
 // picks the crossover table in ops.h; read once per device.
 int64_t peak_memory_GBps() {
@@ -1132,12 +1195,25 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     }
     const auto launch = [&](auto cta_per_tile_constant) {
       constexpr bool kCtaPerTile = decltype(cta_per_tile_constant)::value;
-      if constexpr (kCtaPerTile) prepare_tc_kernel<T, kMTiles, kNTiles, kNested, true>();
-      tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>
-          <<<static_cast<int>(grid), kTcWarps * 32, Tile::kSharedBytes, stream>>>(
-              x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out,
-              partial_data);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>;
+      int cluster = 1;
+      if constexpr (kCtaPerTile) {
+        prepare_tc_kernel<T, kMTiles, kNTiles, kNested, true>();
+        static std::atomic<int64_t> fits[64] = {};
+        cluster = tc_tile_cluster(fits, kernel, tiles, turns, Tile::kSharedBytes, stream);
+      }
+      if (cluster > 1) {
+        cudaLaunchAttribute attribute;
+        const cudaLaunchConfig_t config =
+            cluster_launch_config(grid * cluster, kTcWarps * 32, Tile::kSharedBytes, stream, cluster, attribute);
+        C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x, packed, scales, spec.quant_type, spec.blocksize_log2,
+                                          rows, cols, int(x_rows), bias, out, partial_data));
+      } else {
+        kernel<<<static_cast<int>(grid), kTcWarps * 32, Tile::kSharedBytes, stream>>>(
+            x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out,
+            partial_data);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      }
     };
     if constexpr (kMTiles == 1) {
       cta_per_tile ? launch(std::true_type{}) : launch(std::false_type{});
