@@ -132,8 +132,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // and few turns per tile: tc_cta_per_tile) take one CTA per tile instead: the same split with the grid
 // cut to one CTA per tile keeps each tile's warps in one CTA, and they add their parts in shared memory,
 // so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Where that would leave SMs idle
-// (Llama's and Qwen's k/v: 64 tiles), each tile takes a cluster of CTAs on sm_90 (tc_tile_cluster), and the
-// cluster's first CTA adds the others' parts through distributed shared memory (row 56). Every order is
+// (Llama's and Qwen's k/v: 64 tiles) at 9-16 rows of x, each tile takes a cluster of CTAs on sm_90
+// (tc_tile_cluster), and the cluster's first CTA adds the others' parts through distributed shared memory
+// (row 56). Every order is
 // fixed, so the result is the same on every run.
 constexpr int kTcWarps = 16;                      // warps per CTA, one CTA per SM (they share one table)
 constexpr int kTcMmaRows = 16;                    // W rows per mma (its M); a tile is kMTiles of them
@@ -1098,15 +1099,18 @@ cudaLaunchConfig_t cluster_launch_config(int64_t grid, int threads, int shared_b
   return config;
 }
 
-// The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 where a tile has more
-// turns than one CTA has warps (a second CTA then halves the busiest warps' turns) and a cluster for every tile
-// fits on the GPU at once (Llama's and Qwen's k/v, 64 tiles, would otherwise leave half of 132 SMs idle);
-// else 1. `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
+// The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
+// (two n-tiles) where a tile has more turns than one CTA has warps (a second CTA then halves the busiest warps'
+// turns) and a cluster for every tile fits on the GPU at once (Llama's and Qwen's k/v, 64 tiles, would
+// otherwise leave half of 132 SMs idle); else 1. Measured on Llama's and Qwen's k/v (NOTES gemv row 56): at 16
+// rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6% faster on
+// an H200), where the cluster's launch and barriers cost more than the halved turns save.
+// `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
 constexpr int kTcTileCluster = 2;
 template <typename Kernel>
-int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int shared_bytes,
-                    cudaStream_t stream) {
-  if (at::cuda::getCurrentDeviceProperties()->major < 9 || turns <= kTcWarps) return 1;
+int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
+                    int shared_bytes, cudaStream_t stream) {
+  if (at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= kTcWarps) return 1;
   const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
     cudaLaunchAttribute attribute;
     const cudaLaunchConfig_t config =
@@ -1205,7 +1209,7 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
       if constexpr (kCtaPerTile) {
         prepare_tc_kernel<T, kMTiles, kNTiles, kNested, true>();
         static std::atomic<int64_t> fits[64] = {};
-        cluster = tc_tile_cluster(fits, kernel, tiles, turns, Tile::kSharedBytes, stream);
+        cluster = tc_tile_cluster(fits, kernel, tiles, turns, kNTiles, Tile::kSharedBytes, stream);
       }
       if (cluster > 1) {
         cudaLaunchAttribute attribute;

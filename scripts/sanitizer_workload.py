@@ -54,7 +54,8 @@ def check_gemv(packed, args, rows, label):
 def main():
     failures = 0
     # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
-    # one CTA per tile whose warps add their parts in shared memory (64 x 512, 40 x 4352), tiles shared by
+    # one CTA per tile whose warps add their parts in shared memory (64 x 512, 40 x 4352; at 12 and 16 rows the
+    # latter takes a cluster of 2 CTAs per tile on sm_90, added through distributed shared memory), tiles shared by
     # several CTAs' warps plus the kernel that adds their parts (40 x 17152: 67 turns per tile), few turns
     # per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last nested
     # block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end; the
