@@ -178,10 +178,13 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
                 lambda w: torch.nn.functional.linear(x, w), dense
             )
             del dense
-            if rows == 1:  # HF's default compute dtype is fp32: the CUDA-core kernel's documented speed
+            if rows == 1:  # HF's default compute dtype is fp32: one row of fp32 x, against bitsandbytes' too
                 x32 = x.float()
                 row.times_us["nf4ops_gemv_M1_fp32x"] = graph_median_us(
                     lambda p, s: nf4_ops.gemv(x32, p, s), quantized
+                )
+                row.times_us["bnb_gemv_M1_fp32x"] = graph_median_us(
+                    lambda p, s: bnb.matmul_4bit(x32, p.t(), quant_state=s), quantized
                 )
     del weight
     torch.cuda.empty_cache()

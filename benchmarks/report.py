@@ -71,7 +71,9 @@ def gemv_table(results: dict) -> str:
     header = ["model", "layer", "N x K"]
     for m in row_counts:
         header += [f"M={m} µs", f"M={m} GB/s", f"M={m} % of read ceiling", f"M={m} vs bnb", f"M={m} vs cuBLAS bf16"]
+    with_bnb_fp32 = "bnb_gemv_M1_fp32x" in first  # (runs before it timed nf4-ops' fp32 x alone)
     header += [f"M={row_counts[-1]} time / M=1 time"] * with_growth + ["M=1 µs, fp32 x"] * with_fp32
+    header += ["M=1 fp32 x vs bnb"] * with_bnb_fp32
     lines = [_row(header), _row(["---"] * len(header))]
     for r in results["rows"]:
         lay, t = r["layer"], r["times_us"]
@@ -85,6 +87,8 @@ def gemv_table(results: dict) -> str:
             cells.append(f"{t[f'nf4ops_gemv_M{row_counts[-1]}'] / t['nf4ops_gemv_M1']:.2f}")
         if with_fp32:
             cells.append(f"{t['nf4ops_gemv_M1_fp32x']:.1f}")
+        if with_bnb_fp32:
+            cells.append(f"{t['bnb_gemv_M1_fp32x'] / t['nf4ops_gemv_M1_fp32x']:.2f}x")
         lines.append(_row(cells))
     return "\n".join(lines)
 

@@ -1,10 +1,11 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
-//  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x on sm_80+, plain absmax, on layers with
-//    enough steps per warp (one_row_gemv_applies), also as the last launch of a call of 16 k + 1 rows;
+//  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
+//    (MmaOperand), on sm_80+, plain absmax, on layers with enough steps per warp (one_row_gemv_applies), also as
+//    the last launch of a call of 16 k + 1 rows of fp16/bf16 x;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
-//  - the CUDA-core kernel (fp32 x, odd shapes, up to kFusedGemvMaxRows rows): one warp per row n of W
-//    decodes that row once and dots it with every row of x, accumulating in fp32;
+//  - the CUDA-core kernel (fp32 x that the one-row kernel does not take, odd shapes, up to kFusedGemvMaxRows
+//    rows): one warp per row n of W decodes that row once and dots it with every row of x, accumulating in fp32;
 //  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
 // The fused kernels add the bias before the single rounding to x's dtype.
 #include <ATen/ATen.h>
@@ -151,7 +152,7 @@ constexpr int kTcMinTurnsPerWarp = NF4_TC_MIN_TURNS_PER_WARP;  // small layers: 
 // Turns each warp has staged in shared memory: one being decoded, the rest in flight.
 constexpr int kTcStages = NF4_TC_STAGES;
 static_assert(kTcStages >= 2 && (kTcStages & (kTcStages - 1)) == 0, "NF4_TC_STAGES: a power of two >= 2");
-constexpr int kTcLutEntryBytes = 256;             // one table entry (32 lanes x 4 bytes, then unused) per 256 bytes
+constexpr int kTcLutEntryBytes = 256;  // per table entry: 32 lanes x 4 bytes, then (split operands) their lo parts
 constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcCode2Bytes = 256 * 4;            // the nested absmax map (state2.code), fp32
 // At 9-16 rows of x (two n-tiles) a warp's tile is 32 W rows (two mmas' M) instead of 16, where the GPU's
@@ -528,15 +529,46 @@ __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
 // of entry i / 8, so a warp's stores cover 4 entries' 128 bytes each, 4 wavefronts and no more. Lane l
 // reads code value l % 16 once and the others take it by shuffle: reading the (local-memory) table for every
 // entry was slow on small layers, where the fill is a good part of the time.
+// The mmas' operand type for x of type T, and whether x and the codes are split into two parts of it. fp16 /
+// bf16 x feed the mmas as they are. fp32 x (HF's default compute dtype) would lose 16 of its 24 bits as bf16
+// (and fp16 could overflow), so x and the codes are each split into bf16 parts, v = hi + lo (lo = the rounding
+// error of hi, so hi + lo holds ~16 bits of v, and bf16 keeps fp32's exponent range), and each k-tile takes three
+// mmas: lo(code) x hi(x), hi(code) x lo(x), then hi x hi. The dropped lo x lo is under 2^-16 of each product,
+// and every bf16 product is exact in the fp32 sums, so the result stays within the fp32 tolerance rule (README,
+// "Correctness") at 3x the mmas and 2x the table lookups of a bf16 step.
+template <typename T>
+struct MmaOperand {
+  using type = T;
+  static constexpr bool kSplit = false;
+};
+template <>
+struct MmaOperand<float> {
+  using type = __nv_bfloat16;
+  static constexpr bool kSplit = true;
+};
+
+// Part `part` (0: hi, 1: lo) of v as the mmas' operand type M: hi = M(v), lo = M(v - hi).
+template <typename M>
+__device__ __forceinline__ uint16_t operand_part(float v, int part) {
+  const M high = from_float<M>(v);
+  return bits_of(part == 0 ? high : from_float<M>(v - to_float(high)));
+}
+
+// The table of code pairs: for byte e, entry e holds (code of its high nibble, code of its low nibble) as two
+// operand values in one 32-bit word, once per lane (lane l's at byte e * 256 + 4 * l: the first 128 bytes of
+// the entry); with split operands the entry's last 128 bytes hold the pairs' lo parts the same way, so that a
+// lookup's lo part is the same address + 128.
 template <typename T>
 __device__ __forceinline__ void fill_code_pair_table(uint8_t* lut, QuantType quant_type) {
+  using M = typename MmaOperand<T>::type;
+  constexpr int kChunks = MmaOperand<T>::kSplit ? 16 : 8;  // 16-byte chunks per entry: 8 per part
   const float lane_code = code_value(quant_type, threadIdx.x % 32 % 16);
-  for (int chunk = threadIdx.x; chunk < 256 * 8; chunk += blockDim.x) {  // whole warps: 2048 % 32 == 0
-    const int byte = chunk / 8;
+  for (int chunk = threadIdx.x; chunk < 256 * kChunks; chunk += blockDim.x) {  // whole warps: 2048 % 32 == 0
+    const int byte = chunk / kChunks, part = chunk % kChunks / 8;
     const float high = __shfl_sync(0xFFFFFFFFu, lane_code, byte >> 4);
     const float low = __shfl_sync(0xFFFFFFFFu, lane_code, byte & 0x0F);
-    const uint32_t pair = uint32_t(bits_of(from_float<T>(high))) | uint32_t(bits_of(from_float<T>(low))) << 16;
-    reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes)[chunk % 8] = make_uint4(pair, pair, pair, pair);
+    const uint32_t pair = uint32_t(operand_part<M>(high, part)) | uint32_t(operand_part<M>(low, part)) << 16;
+    reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes)[chunk % kChunks] = make_uint4(pair, pair, pair, pair);
   }
 }
 
@@ -852,11 +884,38 @@ __host__ __device__ inline CtaRows cta_rows(int64_t cta, int64_t ctas, int64_t r
   return CtaRows{cta * rows / ctas, (cta + 1) * rows / ctas};
 }
 
+// Lane (g, t)'s 16 consecutive x values of a step (the mma's B fragments of its 4 k-tiles: k-tile j takes
+// words 2j and 2j + 1) as 8 words of two operand values each, and with split operands (fp32 x) their lo parts
+// too. With kMaybeOutside, zeros where `inside` is false (a half step's upper lanes, past the row's end).
+template <typename T, bool kMaybeOutside>
+__device__ __forceinline__ void one_row_x(const T* from, bool inside, uint32_t (&x_hi)[8], uint32_t (&x_lo)[8]) {
+  constexpr int kLoads = 16 * sizeof(T) / sizeof(uint4);
+  const uint4* from16 = reinterpret_cast<const uint4*>(from);
+  uint4 v[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) v[i] = kMaybeOutside ? load_16_or_zero(inside, from16 + i) : __ldg(from16 + i);
+  if constexpr (!MmaOperand<T>::kSplit) {
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) x_hi[4 * i] = v[i].x, x_hi[4 * i + 1] = v[i].y, x_hi[4 * i + 2] = v[i].z,
+                                     x_hi[4 * i + 3] = v[i].w;
+  } else {
+    using M = typename MmaOperand<T>::type;
+    const float* values = reinterpret_cast<const float*>(v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float first = values[2 * i], second = values[2 * i + 1];
+      x_hi[i] = uint32_t(operand_part<M>(first, 0)) | uint32_t(operand_part<M>(second, 0)) << 16;
+      x_lo[i] = uint32_t(operand_part<M>(first, 1)) | uint32_t(operand_part<M>(second, 1)) << 16;
+    }
+  }
+}
+
 template <typename T, bool kHalfStep>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols,
                         const T* __restrict__ bias, T* __restrict__ out) {
+  using M = typename MmaOperand<T>::type;
   extern __shared__ __align__(16) uint8_t or_lut[];
   // the parts of the CTA's shared tiles: [warp][0: its first tile, 1: its last][tile row]
   __shared__ float tile_parts[kOrWarps][2][kOrRows];
@@ -997,13 +1056,9 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(scales[r]);
       acc[0] += __uint_as_float(bits & 0x3FFFFFFFu);
 #else
-      const uint4* x16 = reinterpret_cast<const uint4*>(x_lane + int64_t{s} * kOrStep);
-      uint4 xv[2];
-      if constexpr (kHalfStep) {  // zeros past the row's end, whose weights load as zeros too
-        xv[0] = load_16_or_zero(segment_in_row(s), x16), xv[1] = load_16_or_zero(segment_in_row(s), x16 + 1);
-      } else {
-        xv[0] = __ldg(x16), xv[1] = __ldg(x16 + 1);
-      }
+      uint32_t x_hi[8], x_lo[8];  // x_lo: fp32 x only (MmaOperand)
+      // a half step: zeros past the row's end, whose weights load as zeros too
+      one_row_x<T, kHalfStep>(x_lane + int64_t{s} * kOrStep, segment_in_row(s), x_hi, x_lo);
 #pragma unroll
       for (int mt = 0; mt < kOrRows / 2; ++mt) {
         const uint2 lo = weights[2 * mt], hi = weights[2 * mt + 1];
@@ -1012,8 +1067,13 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         for (int j = 0; j < 4; ++j) {
           uint32_t a[4];
           a_fragment(j, lo, hi, lut, lane4, a);
-          const uint4& x8 = xv[j / 2];
-          mma_16816<T>(sums, a, j % 2 ? x8.z : x8.x, j % 2 ? x8.w : x8.y, sums);
+          if constexpr (MmaOperand<T>::kSplit) {  // the small products first
+            uint32_t a_lo[4];
+            a_fragment(j, lo, hi, lut + kTcLutEntryBytes / 2, lane4, a_lo);
+            mma_16816<M>(sums, a_lo, x_hi[2 * j], x_hi[2 * j + 1], sums);
+            mma_16816<M>(sums, a, x_lo[2 * j], x_lo[2 * j + 1], sums);
+          }
+          mma_16816<M>(sums, a, x_hi[2 * j], x_hi[2 * j + 1], sums);
         }
         acc[2 * mt] = fmaf(scales[2 * mt], odd_column ? sums[1] : sums[0], acc[2 * mt]);
         acc[2 * mt + 1] = fmaf(scales[2 * mt + 1], odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
@@ -1035,22 +1095,28 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   }
 }
 
-// Whether the tensor-core kernel can take this call: its layout needs whole 256-element turns (so a turn
-// never straddles a row, and its absmax blocks are one copy), 16-byte weight copies and x loads, 16-byte
-// absmax copies (4-byte copies of nested codes, a nested block of at least one turn's 4 blocks), and its
-// shared memory (the table and the warps' stages).
-bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, const BlockScales& scales,
-                              const WeightSpec& spec, int64_t cols) {
-  const auto dtype = x_2d.scalar_type();
+// Whether the tensor-core kernel's layout fits this call, whatever x's dtype: it needs whole 256-element turns
+// (so a turn never straddles a row, and its absmax blocks are one copy), 16-byte weight copies and x loads,
+// 16-byte absmax copies (4-byte copies of nested codes, a nested block of at least one turn's 4 blocks), and its
+// shared memory (the table and the warps' stages). The tensor-core kernel takes fp16 / bf16 x
+// (tensor_core_gemv_applies); the one-row kernel, which needs the same, fp32 x too (one_row_gemv_applies).
+bool tensor_core_layout_fits(const at::Tensor& x_2d, const void* packed_bytes, const BlockScales& scales,
+                             const WeightSpec& spec, int64_t cols) {
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   const bool scales_aligned = scales.nested()
                                   ? reinterpret_cast<uintptr_t>(scales.codes) % 4 == 0 &&
                                         scales.nested_blocksize_log2 >= 2
                                   : is_aligned_16(scales.absmax);
-  return (dtype == at::kHalf || dtype == at::kBFloat16) && props->major >= 8 &&
+  return props->major >= 8 &&
          props->sharedMemPerBlockOptin >= size_t{TileShape<1>::kSharedBytes} && cols % kTcTurn == 0 &&
          (int64_t{1} << spec.blocksize_log2) >= kTcStep && is_aligned_16(packed_bytes) &&
          is_aligned_16(x_2d.const_data_ptr()) && scales_aligned;
+}
+
+bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, const BlockScales& scales,
+                              const WeightSpec& spec, int64_t cols) {
+  const auto dtype = x_2d.scalar_type();
+  return (dtype == at::kHalf || dtype == at::kBFloat16) && tensor_core_layout_fits(x_2d, packed_bytes, scales, spec, cols);
 }
 
 // compute(device) for the current device, computed once per device (up to 64 devices; more are recomputed
@@ -1146,8 +1212,8 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Whether the one-row kernel takes a call that the tensor-core kernel could take (tensor_core_gemv_applies):
-// one row of x, plain absmax, whole 512-element steps or a last half step per row, W rows that start on absmax
+// Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
+// fp16, bf16 or, with split operands, fp32: MmaOperand): one row of x, plain absmax, whole 512-element steps or a last half step per row, W rows that start on absmax
 // block boundaries (its scale addresses step by whole rows of blocks), and enough steps (a half step counted as
 // one) that every warp of the CTA with the fewest rows (one CTA per SM) has kOrMinStepsPerWarp (the smallest
 // layers, with fewer, keep the tensor-core kernel's one CTA per tile: row 53 measured none of them on this one).
@@ -1265,6 +1331,9 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
   const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
+  // fp32 x: one row on the one-row kernel where it applies (split operands), else the CUDA-core kernel
+  const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&
+                            one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols);
 
   if (x_rows > (tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps()) : kFusedGemvMaxRows)) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
@@ -1299,6 +1368,9 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
         }
         return;
       }
+    } else if (one_row_fp32) {
+      launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, bias_data, out_data, stream);
+      return;
     }
     const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     const bool vectorize = cols % kChunkElements == 0 && is_aligned_16(bytes) && is_aligned_16(x_data);

@@ -30,13 +30,13 @@ def random_weight(n, k, blocksize, nested, device="cuda", misalign=False):
     return packed.to(device), args
 
 
-def check_gemv(packed, args, rows, label):
-    """1 if nf4::gemv on `rows` rows of x misses the CPU reference (the tolerance rule), else 0."""
+def check_gemv(packed, args, rows, label, dtype=torch.bfloat16):
+    """1 if nf4::gemv on `rows` rows of x (of `dtype`) misses the CPU reference (the tolerance rule), else 0."""
     n, k = args["shape"]
     # Seeded, so that every sanitizer run checks the same numbers (the tests' inputs are seeded too).
     g = torch.Generator().manual_seed(n * 131 + k * 7 + rows)
-    x = torch.randn(rows, k, generator=g, dtype=torch.bfloat16).cuda()
-    bias = torch.randn(n, generator=g, dtype=torch.bfloat16).cuda()
+    x = torch.randn(rows, k, generator=g).to(dtype).cuda()
+    bias = torch.randn(n, generator=g).to(dtype).cuda()
     out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
     # References on the CPU: cuBLAS's own split-K kernels trip racecheck, and only ours are on trial.
     x_cpu, packed_cpu, bias_cpu = x.cpu(), packed.cpu(), bias.cpu()
@@ -47,7 +47,7 @@ def check_gemv(packed, args, rows, label):
     err, err_plain = (out.double() - exact).abs().max(), (plain.double() - exact).abs().max()
     if err <= 2 * err_plain + 1e-5 * max(1.0, exact.abs().max().item()):
         return 0
-    print(f"gemv mismatch: {label} M={rows}: {err} vs {err_plain}")
+    print(f"gemv mismatch: {label} M={rows} {dtype}: {err} vs {err_plain}")
     return 1
 
 
@@ -88,11 +88,12 @@ def main():
     # warp, so the warps refill their rings of loads), each CTA's last tile of 2 or 3 rows (its others load as
     # zeros), tiles shared by two or three warps of a CTA; the same with each row's last step a half step
     # (K % 512 == 256), whose upper lanes must read nothing past W's and x's rows; and 2 tiles per CTA (2-3 steps
-    # per warp: runs shorter than the ring).
+    # per warp: runs shorter than the ring). Each with bf16 x and with fp32 x (split into bf16 parts).
     for tiles_per_cta, one_row_k in ((8, 512 * 17), (8, 512 * 17 - 256), (2, 512 * 17)):
         one_row_n = (4 * tiles_per_cta - 2) * sms + 7
         packed, args = random_weight(one_row_n, one_row_k, 64, False)
-        failures += check_gemv(packed, args, 1, f"{one_row_n}x{one_row_k} one-row kernel")
+        for dtype in (torch.bfloat16, torch.float32):
+            failures += check_gemv(packed, args, 1, f"{one_row_n}x{one_row_k} one-row kernel", dtype)
     # More rows than one tensor-core launch takes, on a W large enough for several (csrc/ops.h,
     # kTensorCoreGemvRowLimits*: 32 or 48 rows from 16 MiB packed): launches of 16 and 8 rows.
     packed, args = random_weight(8200, 4096, 64, False)

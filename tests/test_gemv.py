@@ -186,7 +186,7 @@ ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
 
 
 def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool) -> bool:
-    """Whether one row of bf16/fp16 x on this W takes the one-row kernel (csrc/gemv.cu one_row_gemv_applies, on
+    """Whether one row of x (fp16, bf16 or fp32) on this W takes the one-row kernel (csrc/gemv.cu one_row_gemv_applies, on
     this GPU's SM count), for tests that must know which kernel a call takes."""
     n, k = shape
     fewest_rows = n // torch.cuda.get_device_properties(0).multi_processor_count  # per CTA, one CTA per SM
@@ -234,6 +234,14 @@ ONE_ROW_CASES = [
     (18, True, 512, "fp4", torch.bfloat16, True, 8),
     (16, False, 64, "nf4", torch.bfloat16, True, 2),
     (11, True, 64, "fp4", torch.float16, False, 2),
+    # fp32 x (split into bf16 parts: csrc/gemv.cu, MmaOperand), where a bf16 x would miss the tolerance rule by far;
+    # blocks of 4096 at K = 5120 take the CUDA-core kernel instead
+    (17, False, 64, "nf4", torch.float32, True, 8),
+    (33, False, 256, "fp4", torch.float32, False, 8),
+    (10, False, 4096, "nf4", torch.float32, True, 8),
+    (11, True, 128, "fp4", torch.float32, False, 8),
+    (1, True, 256, "nf4", torch.float32, True, 8),
+    (16, False, 64, "nf4", torch.float32, True, 2),
 ]
 
 
@@ -261,7 +269,7 @@ def test_gemv_one_row_kernel(case):
     # start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must)
     takes_one_row = shape[1] % blocksize == 0
     assert one_row_kernel_takes(shape, blocksize, nested=False) == takes_one_row  # the helper agrees with the shapes
-    kernel = "one_row_gemv_kernel" if takes_one_row else "tc_gemv_kernel"
+    kernel = "one_row_gemv_kernel" if takes_one_row else "fused_gemv_kernel" if dtype == torch.float32 else "tc_gemv_kernel"
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
     if takes_one_row:  # the CTA adds its shared tiles' parts itself: no second kernel
         assert not any("add_tile_parts_kernel" in name for name in names), names

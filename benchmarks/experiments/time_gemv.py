@@ -3,7 +3,7 @@ full comparison against bitsandbytes and cuBLAS is benchmarks/bench_kernels.py).
 benchmark: CUDA graphs over rotated weight copies, median of replays, and this run's read ceiling. Weights
 are random packed bytes with positive absmax (timing only).
 
-    python benchmarks/experiments/time_gemv.py [--rows 1 16] [--quick] [--same]
+    python benchmarks/experiments/time_gemv.py [--rows 1 16] [--quick] [--same] [--dtype float32]
 
 --same runs every call of the graph on one weight: a W that fits in L2 then stays there, which shows the
 kernel's own speed without DRAM (benchmarks/NOTES.md, "Where M=1 stands").
@@ -35,9 +35,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--quick", action="store_true", help="Llama-3.3-70B's layers only")
     parser.add_argument("--same", action="store_true", help="every call of the graph on one weight")
+    parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16", help="x's dtype")
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
     read = read_ceiling(measure_ceilings())
-    print(f"{torch.cuda.get_device_name()}: read ceiling {read:.0f} GB/s")
+    print(f"{torch.cuda.get_device_name()}: read ceiling {read:.0f} GB/s; x {args.dtype}")
     print("| layer | " + " | ".join(f"M={m} us | M={m} %read" for m in args.rows) + " |")
     print("|---|" + "---|---|" * len(args.rows))
     seen = set()
@@ -47,11 +49,11 @@ def main() -> None:
         seen.add((layer.n, layer.k))
         cells = []
         for rows in args.rows:
-            nbytes = gemv_bytes(layer.n, layer.k, BLOCKSIZE, rows)
+            nbytes = gemv_bytes(layer.n, layer.k, BLOCKSIZE, rows, dtype.itemsize)
             count = copies_for(nbytes)
             weights = ([random_weight(layer.n, layer.k)] * count if args.same
                        else [random_weight(layer.n, layer.k) for _ in range(count)])  # fmt: skip
-            x = torch.randn(rows, layer.k, dtype=torch.bfloat16, device="cuda")
+            x = torch.randn(rows, layer.k, dtype=dtype, device="cuda")
             shape = [layer.n, layer.k]
             us = graph_median_us(lambda p, a: torch.ops.nf4.gemv(x, p, a, BLOCKSIZE, "nf4", shape), weights)
             cells.append(f"{us:.1f} | {100 * nbytes / us / 1e3 / read:.0f}")
