@@ -61,6 +61,29 @@ def bnb_quantize(
     return Quantized(weight, packed, state)
 
 
+def bnb_dequantize_4bit(packed: torch.Tensor, quant_state) -> torch.Tensor:
+    """bitsandbytes' dequantize_4bit, the oracle for bit-exactness. One exception, on the CPU, where blocks
+    straddle rows (K % blocksize != 0): there bitsandbytes 0.50.2's native CPU kernel is wrong on CPUs with
+    AVX-512 (seen on an AMD EPYC: every such case differs from its own scalar branch, its CUDA kernels and its
+    pure-PyTorch implementation; its AVX-512 branch indexes the blocks per row), so its pure-PyTorch
+    implementation, which it runs itself for odd K and for blocksizes of 2048 and more on those CPUs, is the
+    oracle there, on every CPU. Blocks within rows, and every GPU comparison, use bitsandbytes' own kernels."""
+    import bitsandbytes.functional as bnbf
+
+    state = quant_state
+    if packed.device.type != "cpu" or state.shape[-1] % state.blocksize == 0:
+        return bnbf.dequantize_4bit(packed, state)
+    from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
+    from bitsandbytes.backends.utils import _get_4bit_code
+
+    absmax = state.absmax
+    if state.nested:  # as bnbf.dequantize_4bit: the codes through state2, then the offset, in fp32
+        absmax = bnbf.dequantize_blockwise(state.absmax, state.state2) + state.offset
+    code = _get_4bit_code(state.quant_type, packed.device)
+    return _dequantize_4bit_compute(packed.view(torch.uint8).reshape(-1), absmax.float(), code, state.blocksize,
+                                    state.shape, state.dtype)  # fmt: skip
+
+
 def state_on(quantized: Quantized, device: str):
     """A copy of the QuantState on `device` (QuantState.to moves in place; the cached one must not move)."""
     state = copy.deepcopy(quantized.quant_state)

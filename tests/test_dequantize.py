@@ -9,7 +9,8 @@ import torch
 
 import nf4_ops
 from conftest import (
-    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, bnb_cuda_works, bnb_quantize, dtype_id, state_on,
+    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, bnb_cuda_works, bnb_dequantize_4bit, bnb_quantize,
+    dtype_id, state_on,
 )  # fmt: skip
 from nf4_ops.reference import FP4_TABLE, NF4_TABLE, TABLES, dequantize_reference
 
@@ -19,11 +20,9 @@ MATRIX_SHAPE = (37, 304)
 
 
 def bnb_dequantize(quantized, dtype: torch.dtype) -> torch.Tensor:
-    import bitsandbytes.functional as bnbf
-
     state = copy.copy(quantized.quant_state)
     state.dtype = dtype  # bitsandbytes dequantizes to the QuantState's dtype
-    return bnbf.dequantize_4bit(quantized.packed, state)
+    return bnb_dequantize_4bit(quantized.packed, state)
 
 
 def assert_bits_equal(out: torch.Tensor, expected: torch.Tensor) -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import nf4_ops
-from conftest import HAS_CUDA
+from conftest import HAS_CUDA, bnb_dequantize_4bit
 
 transformers = pytest.importorskip("transformers")
 import bitsandbytes as bnb  # noqa: E402
@@ -141,7 +141,7 @@ def test_autograd_gives_input_and_bias_gradients_only():
     layer.load_state_dict({"weight": torch.randn(40, 96), "bias": torch.randn(40)}, strict=False)
     layer = layer.to("cpu")  # quantizes the weight
     layer.bias.requires_grad_(True)
-    weight = bnb.functional.dequantize_4bit(layer.weight.data, layer.weight.quant_state)
+    weight = bnb_dequantize_4bit(layer.weight.data, layer.weight.quant_state)
     nf4_ops.patch(layer)
     for rows in [(3,), (2, 7)]:  # fused and dense paths, 2-D and 3-D
         x = torch.randn(*rows, 96, requires_grad=True)
