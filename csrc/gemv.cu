@@ -860,8 +860,12 @@ constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (th
 // (16 and 10 steps per warp) took this kernel and were 11-19% faster than on the tensor-core kernel on both
 // GPUs (NOTES gemv rows 44-45; with 8-row tiles they had been 3-9% slower, rows 27 and 34), Gemma's q/o (5.5)
 // 17-21% (row 53), Llama's k/v (2) 4-9% and Gemma's k/v (2.75) the same to 0.1 us (row 53). Qwen's k/v (1.25
-// steps per warp) stay with the tensor-core kernel's one CTA per tile.
+// steps per warp) stay with the tensor-core kernel's one CTA per tile. fp32 x has no tensor-core kernel: on the
+// smallest layers it took the CUDA-core kernel, slower than bitsandbytes on Qwen's k/v (H100: 11.1 us against
+// 9.5, NOTES gemv row 57), so with split operands the one-row kernel takes every layer that gives each warp a
+// step (the kernel needs one).
 constexpr int kOrMinStepsPerWarp = 2;
+constexpr int kOrMinStepsPerWarpSplit = 1;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 
 // Loads that skip L1: the weights and scales are read once, and L1 is left to x, which every warp rereads.
@@ -1213,18 +1217,21 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
-// fp16, bf16 or, with split operands, fp32: MmaOperand): one row of x, plain absmax, whole 512-element steps or a last half step per row, W rows that start on absmax
-// block boundaries (its scale addresses step by whole rows of blocks), and enough steps (a half step counted as
-// one) that every warp of the CTA with the fewest rows (one CTA per SM) has kOrMinStepsPerWarp (the smallest
+// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x, plain absmax, whole 512-element steps or
+// a last half step per row, W rows that start on absmax block boundaries (its scale addresses step by whole rows
+// of blocks), and enough steps (a half step counted as one) that every warp of the CTA with the fewest rows (one
+// CTA per SM) has kOrMinStepsPerWarp, kOrMinStepsPerWarpSplit with split operands (the smallest fp16 / bf16
 // layers, with fewer, keep the tensor-core kernel's one CTA per tile: row 53 measured none of them on this one).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
 // leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29); with 4-row
 // tiles, 11-21% on the q/o layers it then took too (rows 45 and 53).
-bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
+bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols,
+                          bool split_operands) {
+  const int min_steps_per_warp = split_operands ? kOrMinStepsPerWarpSplit : kOrMinStepsPerWarp;
   const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
   const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile
   return x_rows == 1 && !scales.nested() && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
-         (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{kOrMinStepsPerWarp} * kOrWarps;
+         (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
 }
 
 template <typename T>
@@ -1333,7 +1340,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
   // fp32 x: one row on the one-row kernel where it applies (split operands), else the CUDA-core kernel
   const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&
-                            one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols);
+                            one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols, true);
 
   if (x_rows > (tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps()) : kFusedGemvMaxRows)) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
@@ -1358,7 +1365,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
       if (tensor_cores) {
         for (int64_t first = 0; first < x_rows; first += kTensorCoreGemvLaunchRows) {
           const int64_t launch_rows = std::min(kTensorCoreGemvLaunchRows, x_rows - first);
-          if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols)) {
+          if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
             launch_one_row_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, bias_data,
                                    out_data + first * rows, stream);
           } else {

@@ -183,27 +183,32 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 # built around; the test fails, not passes vacuously, if the kernel's rule changes, since it asserts which
 # kernel ran.
 ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
+ONE_ROW_MIN_STEPS_PER_WARP_FP32 = 1  # kOrMinStepsPerWarpSplit: fp32 x has no tensor-core kernel to keep small layers
 
 
-def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool) -> bool:
+def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
+    return ONE_ROW_MIN_STEPS_PER_WARP_FP32 if dtype == torch.float32 else ONE_ROW_MIN_STEPS_PER_WARP
+
+
+def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool, dtype=torch.bfloat16) -> bool:
     """Whether one row of x (fp16, bf16 or fp32) on this W takes the one-row kernel (csrc/gemv.cu one_row_gemv_applies, on
     this GPU's SM count), for tests that must know which kernel a call takes."""
     n, k = shape
     fewest_rows = n // torch.cuda.get_device_properties(0).multi_processor_count  # per CTA, one CTA per SM
     steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * -(-k // 512)  # a last half step (K % 512 == 256) counts as one
     return (not nested and k % 256 == 0 and k % blocksize == 0
-            and steps >= ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS)  # fmt: skip
+            and steps >= one_row_min_steps_per_warp(dtype) * ONE_ROW_WARPS)  # fmt: skip
 
 
 def one_row_shape(steps: int, half_step: bool = False, steps_per_warp: int = 8) -> tuple[int, int]:
     """A weight that takes the one-row kernel at one row of x (K % 256 == 0, one CTA of 16 warps per SM, each
     CTA a range of N / SMs rows tiled in 4-row tiles, and at least 2 steps of 4 rows x 512 elements per warp of
-    the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps` steps per tile, the
+    the CTA with the fewest rows, 1 with fp32 x; the kernel also needs K % blocksize == 0), with `steps` steps per tile, the
     last of them a half step (256 elements) if `half_step`, and about `steps_per_warp` (>= the kernel's minimum)
     steps per warp: 8, runs long enough to refill the warp's ring of loads (4 steps), unless told otherwise.
     The CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each), so every CTA's last tile has 2 or 3 rows (its other
     rows load as zeros)."""
-    assert steps_per_warp >= ONE_ROW_MIN_STEPS_PER_WARP
+    assert steps_per_warp >= min(ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_MIN_STEPS_PER_WARP_FP32)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles_per_cta = -(-steps_per_warp * ONE_ROW_WARPS // steps)
     return (ONE_ROW_TILE_ROWS * tiles_per_cta - 2) * sms + 7, 512 * steps - (256 if half_step else 0)
@@ -216,7 +221,8 @@ def one_row_shape(steps: int, half_step: bool = False, steps_per_warp: int = 8) 
 # on a block); one step per tile (K = 512, ~67k rows of W), where no tile is shared; and rows that end in a half
 # step (K % 512 == 256, as Gemma's K = 5376), one half step alone per row (K = 256) among them, and one where
 # blocks of 512 then span rows (the tensor-core kernel). The last field: steps per warp, 8 (refills of the load
-# ring) but for two cases at the kernel's minimum of 2 (runs shorter than the ring, as on the k/v layers).
+# ring) but for two cases at the kernel's minimum of 2 (runs shorter than the ring, as on the k/v layers) and two
+# fp32 cases at fp32's minimum of 1.
 ONE_ROW_CASES = [
     (1, False, 512, "nf4", torch.bfloat16, True, 8),
     (17, False, 64, "nf4", torch.bfloat16, True, 8),
@@ -242,6 +248,8 @@ ONE_ROW_CASES = [
     (11, True, 128, "fp4", torch.float32, False, 8),
     (1, True, 256, "nf4", torch.float32, True, 8),
     (16, False, 64, "nf4", torch.float32, True, 2),
+    (10, False, 64, "nf4", torch.float32, True, 1),  # fp32's minimum, 1 step per warp (bf16 x: the tensor-core kernel)
+    (11, True, 256, "fp4", torch.float32, False, 1),
 ]
 
 
@@ -268,7 +276,7 @@ def test_gemv_one_row_kernel(case):
     # this test is about the one-row kernel, so it fails if the call did not take it where it applies (rows that
     # start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must)
     takes_one_row = shape[1] % blocksize == 0
-    assert one_row_kernel_takes(shape, blocksize, nested=False) == takes_one_row  # the helper agrees with the shapes
+    assert one_row_kernel_takes(shape, blocksize, False, dtype) == takes_one_row  # the helper agrees with the shapes
     kernel = "one_row_gemv_kernel" if takes_one_row else "fused_gemv_kernel" if dtype == torch.float32 else "tc_gemv_kernel"
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
     if takes_one_row:  # the CTA adds its shared tiles' parts itself: no second kernel
