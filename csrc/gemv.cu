@@ -524,11 +524,6 @@ __device__ __forceinline__ float code_value(QuantType quant_type, int index) {
   return value;
 }
 
-// Fills the byte -> code pair table (kTcLutBytes at `lut`, one copy per lane: see the tensor-core path's
-// comment) with the CTA's threads; the caller syncs before reading it. Thread i writes 16-byte chunk i % 8
-// of entry i / 8, so a warp's stores cover 4 entries' 128 bytes each, 4 wavefronts and no more. Lane l
-// reads code value l % 16 once and the others take it by shuffle: reading the (local-memory) table for every
-// entry was slow on small layers, where the fill is a good part of the time.
 // The mmas' operand type for x of type T, and whether x and the codes are split into two parts of it. fp16 /
 // bf16 x feed the mmas as they are. fp32 x (HF's default compute dtype) would lose 16 of its 24 bits as bf16
 // (and fp16 could overflow), so x and the codes are each split into bf16 parts, v = hi + lo (lo = the rounding
@@ -554,16 +549,20 @@ __device__ __forceinline__ uint16_t operand_part(float v, int part) {
   return bits_of(part == 0 ? high : from_float<M>(v - to_float(high)));
 }
 
-// The table of code pairs: for byte e, entry e holds (code of its high nibble, code of its low nibble) as two
-// operand values in one 32-bit word, once per lane (lane l's at byte e * 256 + 4 * l: the first 128 bytes of
-// the entry); with split operands the entry's last 128 bytes hold the pairs' lo parts the same way, so that a
-// lookup's lo part is the same address + 128.
+// Fills the byte -> code pair table (kTcLutBytes at `lut`, one copy per lane: see the tensor-core path's
+// comment) with the CTA's threads; the caller syncs before reading it. Entry e holds (code of e's high nibble,
+// code of its low nibble) as two operand values in one 32-bit word, lane l's copy at byte e * 256 + 4 * l (the
+// entry's first 128 bytes); with split operands the entry's last 128 bytes hold the pairs' lo parts the same
+// way, so that a lookup's lo part is at its address + 128. Thread i writes 16-byte chunk i % 8 (i % 16 when
+// split) of entry i / 8 (i / 16), so a warp's stores cover whole 128-byte rows, 4 wavefronts and no more. Lane l
+// reads code value l % 16 once and the others take it by shuffle: reading the (local-memory) table for every
+// entry was slow on small layers, where the fill is a good part of the time.
 template <typename T>
 __device__ __forceinline__ void fill_code_pair_table(uint8_t* lut, QuantType quant_type) {
   using M = typename MmaOperand<T>::type;
   constexpr int kChunks = MmaOperand<T>::kSplit ? 16 : 8;  // 16-byte chunks per entry: 8 per part
   const float lane_code = code_value(quant_type, threadIdx.x % 32 % 16);
-  for (int chunk = threadIdx.x; chunk < 256 * kChunks; chunk += blockDim.x) {  // whole warps: 2048 % 32 == 0
+  for (int chunk = threadIdx.x; chunk < 256 * kChunks; chunk += blockDim.x) {  // whole warps: 256 * 8 % 32 == 0
     const int byte = chunk / kChunks, part = chunk % kChunks / 8;
     const float high = __shfl_sync(0xFFFFFFFFu, lane_code, byte >> 4);
     const float low = __shfl_sync(0xFFFFFFFFu, lane_code, byte & 0x0F);
@@ -1120,7 +1119,8 @@ bool tensor_core_layout_fits(const at::Tensor& x_2d, const void* packed_bytes, c
 bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, const BlockScales& scales,
                               const WeightSpec& spec, int64_t cols) {
   const auto dtype = x_2d.scalar_type();
-  return (dtype == at::kHalf || dtype == at::kBFloat16) && tensor_core_layout_fits(x_2d, packed_bytes, scales, spec, cols);
+  return (dtype == at::kHalf || dtype == at::kBFloat16) &&
+         tensor_core_layout_fits(x_2d, packed_bytes, scales, spec, cols);
 }
 
 // compute(device) for the current device, computed once per device (up to 64 devices; more are recomputed

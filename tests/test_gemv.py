@@ -191,8 +191,8 @@ def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
 
 
 def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool, dtype=torch.bfloat16) -> bool:
-    """Whether one row of x (fp16, bf16 or fp32) on this W takes the one-row kernel (csrc/gemv.cu one_row_gemv_applies, on
-    this GPU's SM count), for tests that must know which kernel a call takes."""
+    """Whether one row of x (fp16, bf16 or fp32) on this W takes the one-row kernel (csrc/gemv.cu
+    one_row_gemv_applies, on this GPU's SM count), for tests that must know which kernel a call takes."""
     n, k = shape
     fewest_rows = n // torch.cuda.get_device_properties(0).multi_processor_count  # per CTA, one CTA per SM
     steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * -(-k // 512)  # a last half step (K % 512 == 256) counts as one
@@ -203,9 +203,10 @@ def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool, d
 def one_row_shape(steps: int, half_step: bool = False, steps_per_warp: int = 8) -> tuple[int, int]:
     """A weight that takes the one-row kernel at one row of x (K % 256 == 0, one CTA of 16 warps per SM, each
     CTA a range of N / SMs rows tiled in 4-row tiles, and at least 2 steps of 4 rows x 512 elements per warp of
-    the CTA with the fewest rows, 1 with fp32 x; the kernel also needs K % blocksize == 0), with `steps` steps per tile, the
-    last of them a half step (256 elements) if `half_step`, and about `steps_per_warp` (>= the kernel's minimum)
-    steps per warp: 8, runs long enough to refill the warp's ring of loads (4 steps), unless told otherwise.
+    the CTA with the fewest rows, 1 with fp32 x; the kernel also needs K % blocksize == 0), with `steps` steps
+    per tile, the last of them a half step (256 elements) if `half_step`, and about `steps_per_warp` (>= the
+    kernel's minimum) steps per warp: 8, runs long enough to refill the warp's ring of loads (4 steps), unless told
+    otherwise.
     The CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each), so every CTA's last tile has 2 or 3 rows (its other
     rows load as zeros)."""
     assert steps_per_warp >= min(ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_MIN_STEPS_PER_WARP_FP32)
@@ -274,10 +275,12 @@ def test_gemv_one_row_kernel(case):
         torch.cuda.synchronize()
     names = [event.name for event in profile.events()]
     # this test is about the one-row kernel, so it fails if the call did not take it where it applies (rows that
-    # start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must)
+    # start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must, or for fp32 x
+    # the CUDA-core one)
     takes_one_row = shape[1] % blocksize == 0
     assert one_row_kernel_takes(shape, blocksize, False, dtype) == takes_one_row  # the helper agrees with the shapes
-    kernel = "one_row_gemv_kernel" if takes_one_row else "fused_gemv_kernel" if dtype == torch.float32 else "tc_gemv_kernel"
+    other_kernel = "fused_gemv_kernel" if dtype == torch.float32 else "tc_gemv_kernel"  # fp32: the CUDA-core kernel
+    kernel = "one_row_gemv_kernel" if takes_one_row else other_kernel
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
     if takes_one_row:  # the CTA adds its shared tiles' parts itself: no second kernel
         assert not any("add_tile_parts_kernel" in name for name in names), names
