@@ -1,7 +1,8 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
 //    (MmaOperand), on sm_80+, plain absmax, on layers with enough steps per warp (one_row_gemv_applies), also as
-//    the last launch of a call of 16 k + 1 rows of fp16/bf16 x;
+//    the last launch of a call of 16 k + 1 rows of fp16/bf16 x, and once per row of fp32 x of up to
+//    kOneRowFp32RowLimits (ops.h) rows;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x that the one-row kernel does not take, odd shapes, up to kFusedGemvMaxRows
@@ -1338,11 +1339,13 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
   const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
-  // fp32 x: one row on the one-row kernel where it applies (split operands), else the CUDA-core kernel
+  // fp32 x: the one-row kernel (split operands) once per row where it applies, else the CUDA-core kernel
   const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&
-                            one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols, true);
-
-  if (x_rows > (tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps()) : kFusedGemvMaxRows)) {
+                            one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
+  const int64_t fused_max_rows = tensor_cores   ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
+                                 : one_row_fp32 ? gemv_row_limit(kOneRowFp32RowLimits, rows, cols)
+                                                : kFusedGemvMaxRows;
+  if (x_rows > fused_max_rows) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
                                          nested_absmax, nested_code, nested_offset, nested_blocksize);
     return at::linear(x_2d, w, bias).reshape_symint(out_shape);
@@ -1375,8 +1378,11 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
         }
         return;
       }
-    } else if (one_row_fp32) {
-      launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, bias_data, out_data, stream);
+    } else if (one_row_fp32) {  // one launch per row of x (ops.h, kOneRowFp32RowLimits)
+      for (int64_t row = 0; row < x_rows; ++row) {
+        launch_one_row_gemv<T>(x_data + row * cols, bytes, scales, spec, rows, cols, bias_data, out_data + row * rows,
+                               stream);
+      }
       return;
     }
     const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

@@ -85,7 +85,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
 // because W is then reused by enough rows that a matrix-matrix product wins. This is the one place they
 // are set; benchmarks/NOTES.md (gemv rows 18 and 20) and the rows-of-x sweep of benchmarks/bench_kernels.py
 // measure them (README, "Performance").
-//  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x, or shapes the tensor-core kernel cannot take):
+//  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x that the one-row kernel does not take, or shapes the
+//    tensor-core kernel cannot take):
 constexpr int64_t kFusedGemvMaxRows = 8;
 //  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 256 == 0, blocksize >= 64) takes up to
 //    kTensorCoreGemvLaunchRows rows of x per launch (two mma n-tiles of 8), and more rows in launches of
@@ -100,12 +101,12 @@ constexpr int64_t kFusedGemvMaxRows = 8;
 //    (NOTES gemv rows 18 and 20); the class is the peak DRAM bandwidth from the device's memory clock and
 //    bus width. GPUs other than these two use the class their bandwidth falls in.
 constexpr int64_t kTensorCoreGemvLaunchRows = 16;
-struct TensorCoreGemvRowLimit {
+struct GemvRowLimit {
   int64_t min_packed_mib;  // from this size of the packed W (N * K / 2 bytes, in MiB) ...
-  int64_t max_rows;        // ... x of up to this many rows takes the tensor-core kernel
+  int64_t max_rows;        // ... x of up to this many rows takes the fused kernel
 };
 // Measured on an H100 SXM (HBM3, 3.35 TB/s peak):
-constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimits[] = {
+constexpr GemvRowLimit kTensorCoreGemvRowLimits[] = {
     {0, 16},    // Llama / Qwen k/v (2.5-4 MiB): one launch is about dequantize + cuBLAS's time
     {10, 32},   // Gemma q/o (10.5 MiB): two launches 5% faster, three 35% slower
     {16, 48},   // Qwen / Llama q/o (20-32 MiB), Gemma and Qwen gate/up and down (55-63 MiB)
@@ -113,26 +114,37 @@ constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimits[] = {
 };
 // From this peak bandwidth on, the next table. Measured on an H200 (HBM3e, 4.8 TB/s peak):
 constexpr int64_t kFastMemoryMinPeakGBps = 4000;
-constexpr TensorCoreGemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
+constexpr GemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
     {0, 16},    // k/v; Gemma q/o (10.5 MiB): two launches 1-6% faster at 17-24 rows, 7% slower at 32
     {16, 32},   // Llama q/o (32 MiB): three launches 10% faster at 33 rows, 3% slower at 48
     {100, 48},  // Llama gate/up (112 MiB): three launches 17% faster at 48 rows, four 12% slower at 64
 };
 
-inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
+//  - fp32 x on CUDA where the one-row kernel takes it (csrc/gemv.cu, one_row_gemv_applies with split operands):
+//    one launch of the one-row kernel per row of x, up to these many rows by the size of W, then dequantize +
+//    cuBLAS (the CUDA-core kernel, which the other fp32 cases keep, costs about a weight read per row of x and
+//    was 2x slower than dequantize + cuBLAS at 8 rows on Llama's gate/up and q). Set on an H100 from the rows at
+//    which that many one-row launches (1.2-1.7x a bf16 one each, row 57) still beat dequantize + cuBLAS in fp32,
+//    and then measured (NOTES gemv row 58):
+constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
+    {0, 4},   // the k/v layers and Gemma's q/o (2.5-10.5 MiB)
+    {16, 8},  // Qwen's and Llama's q/o (20-32 MiB) and larger
+};
+
+// The max_rows of the last limit whose min_packed_mib the packed W reaches.
+template <size_t kCount>
+int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64_t cols) {
   const int64_t packed_mib = rows * cols / 2 / (int64_t{1} << 20);
   int64_t max_rows = 0;
-  const auto pick = [&](const auto& limits) {
-    for (const TensorCoreGemvRowLimit& limit : limits) {
-      if (packed_mib >= limit.min_packed_mib) max_rows = limit.max_rows;
-    }
-  };
-  if (peak_memory_GBps >= kFastMemoryMinPeakGBps) {
-    pick(kTensorCoreGemvRowLimitsFastMemory);
-  } else {
-    pick(kTensorCoreGemvRowLimits);
+  for (const GemvRowLimit& limit : limits) {
+    if (packed_mib >= limit.min_packed_mib) max_rows = limit.max_rows;
   }
   return max_rows;
+}
+
+inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
+  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kTensorCoreGemvRowLimitsFastMemory, rows, cols)
+                                                    : gemv_row_limit(kTensorCoreGemvRowLimits, rows, cols);
 }
 
 }  // namespace nf4

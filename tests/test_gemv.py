@@ -289,6 +289,39 @@ def test_gemv_one_row_kernel(case):
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
 
 
+# csrc/ops.h kOneRowFp32RowLimits: fp32 x on a W that the one-row kernel takes runs one launch of it per row of x,
+# up to these many rows by the packed W's size in MiB, then dequantize + cuBLAS.
+ONE_ROW_FP32_ROW_LIMITS = [(0, 4), (16, 8)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("steps, steps_per_warp", [(17, 8), (10, 1)], ids=["16.5MiB", "2MiB"])
+def test_gemv_fp32_rows(steps, steps_per_warp):
+    """fp32 x of several rows on the one-row kernel: one launch per row, each row the same bits as that row alone,
+    up to the limit for this size of W; one row more takes dequantize + cuBLAS."""
+    shape = one_row_shape(steps, False, steps_per_warp)
+    assert one_row_kernel_takes(shape, 64, False, torch.float32)
+    packed_mib = shape[0] * shape[1] // 2 // 2**20
+    limit = [rows for min_mib, rows in ONE_ROW_FP32_ROW_LIMITS if packed_mib >= min_mib][-1]
+    packed, args = weight_on("cuda", shape, "nf4", 64, False)
+    x = random_x((limit + 1, shape[1]), torch.float32, "cuda")
+    bias = random_x((shape[0],), torch.float32, "cuda", seed=8)
+    for rows in (2, limit, limit + 1):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
+            torch.cuda.synchronize()
+        names = [event.name for event in profile.events()]
+        one_row_launches = sum("one_row_gemv_kernel" in name for name in names)
+        if rows <= limit:
+            assert one_row_launches == rows and not any("dequantize" in name for name in names), names
+            for row in range(rows):
+                alone = torch.ops.nf4.gemv(x[row : row + 1], packed, bias=bias, **args)
+                assert torch.equal(out[row : row + 1], alone), f"row {row} of {rows}"
+        else:
+            assert one_row_launches == 0 and any("dequantize" in name for name in names), names
+        assert_gemv_close(out, x[:rows], packed, args, bias)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
