@@ -123,12 +123,12 @@ constexpr GemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
 //  - fp32 x on CUDA where the one-row kernel takes it (csrc/gemv.cu, one_row_gemv_applies with split operands):
 //    one launch of the one-row kernel per row of x, up to these many rows by the size of W, then dequantize +
 //    cuBLAS (the CUDA-core kernel, which the other fp32 cases keep, costs about a weight read per row of x and
-//    was 2x slower than dequantize + cuBLAS at 8 rows on Llama's gate/up and q). Set on an H100 from the rows at
-//    which that many one-row launches (1.2-1.7x a bf16 one each, row 57) still beat dequantize + cuBLAS in fp32,
-//    and then measured (NOTES gemv row 58):
+//    was 2x slower than dequantize + cuBLAS at 8 rows on Llama's gate/up and q). Each limit is the most rows at
+//    which the launches were faster than dequantize + cuBLAS in fp32, measured on an H100 (NOTES gemv row 58):
 constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
-    {0, 4},   // the k/v layers and Gemma's q/o (2.5-10.5 MiB)
-    {16, 8},  // Qwen's and Llama's q/o (20-32 MiB) and larger
+    {0, 3},   // Qwen's k/v (2.5 MiB): at 4 rows dequantize + cuBLAS 12% faster, at 3 1.8x slower
+    {4, 6},   // Llama's k/v (4 MiB) faster through 8 rows, Gemma's q (10.5 MiB) through 6 (8: 6% slower)
+    {16, 8},  // Llama's q/o (32 MiB) and gate/up (112 MiB): 10-20% faster at 8 rows
 };
 
 // The max_rows of the last limit whose min_packed_mib the packed W reaches.

@@ -30,12 +30,15 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 9, 16])
+    parser.add_argument("--small", action="store_true", help="the layers under 16 MiB of packed W only")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name()}, bitsandbytes {bnb.__version__}")
     print("| layer | M | nf4 fp32 us | bnb fp32 us | nf4 vs bnb | a one-row call per row us | dequantize + cuBLAS us "
           "| nf4 bf16 us |")
     print("|---|---|---|---|---|---|---|---|")
     for layer in (lay for lay in PAPER_LAYERS if (lay.model, lay.name) in LAYERS):
+        if args.small and layer.n * layer.k // 2 >= 16 * 2**20:
+            continue
         weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
         count = copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, 1))
         quantized = [bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE) for _ in range(count)]
