@@ -127,7 +127,7 @@ constexpr GemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
 //    which the launches were faster than dequantize + cuBLAS in fp32, measured on an H100 (NOTES gemv row 58):
 constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
     {0, 3},   // Qwen's k/v (2.5 MiB): at 4 rows dequantize + cuBLAS 12% faster, at 3 1.8x slower
-    {4, 6},   // Llama's k/v (4 MiB) faster through 8 rows, Gemma's q (10.5 MiB) through 6 (8: 6% slower)
+    {4, 7},   // Llama's k/v (4 MiB) faster through 8 rows, Gemma's q (10.5 MiB) through 7 (8: 6% slower)
     {16, 8},  // Llama's q/o (32 MiB) and gate/up (112 MiB): 10-20% faster at 8 rows
 };
 
