@@ -71,7 +71,7 @@ def gemv_table(results: dict) -> str:
     header = ["model", "layer", "N x K"]
     for m in row_counts:
         header += [f"M={m} µs", f"M={m} GB/s", f"M={m} % of read ceiling", f"M={m} vs bnb", f"M={m} vs cuBLAS bf16"]
-    with_bnb_fp32 = "bnb_gemv_M1_fp32x" in first  # (runs before it timed nf4-ops' fp32 x alone)
+    with_bnb_fp32 = "bnb_gemv_M1_fp32x" in first  # older results timed only nf4-ops on fp32 x
     header += [f"M={row_counts[-1]} time / M=1 time"] * with_growth + ["M=1 µs, fp32 x"] * with_fp32
     header += ["M=1 fp32 x vs bnb"] * with_bnb_fp32
     lines = [_row(header), _row(["---"] * len(header))]

@@ -61,7 +61,7 @@ def bnb_quantize(
     return Quantized(weight, packed, state)
 
 
-def bnb_dequantize_4bit(packed: torch.Tensor, quant_state) -> torch.Tensor:
+def bnb_dequantize_4bit(packed: torch.Tensor, state) -> torch.Tensor:
     """bitsandbytes' dequantize_4bit, the oracle for bit-exactness. One exception, on the CPU, where blocks
     straddle rows (K % blocksize != 0): there bitsandbytes 0.50.2's native CPU kernel is wrong on CPUs with
     AVX-512 (seen on an AMD EPYC: every such case differs from its own scalar branch, its CUDA kernels and its
@@ -70,7 +70,6 @@ def bnb_dequantize_4bit(packed: torch.Tensor, quant_state) -> torch.Tensor:
     oracle there, on every CPU. Blocks within rows, and every GPU comparison, use bitsandbytes' own kernels."""
     import bitsandbytes.functional as bnbf
 
-    state = quant_state
     if packed.device.type != "cpu" or state.shape[-1] % state.blocksize == 0:
         return bnbf.dequantize_4bit(packed, state)
     from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
