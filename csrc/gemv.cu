@@ -1,8 +1,8 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
 //    (MmaOperand), on sm_80+, plain absmax, on layers with enough steps per warp (one_row_gemv_applies), also as
-//    the last launch of a call of 16 k + 1 rows of fp16/bf16 x, and once per row of fp32 x of up to
-//    kOneRowFp32RowLimits (ops.h) rows;
+//    the last launch of a call of 16 k + 1 rows of fp16/bf16 x, and for fp32 x of up to kOneRowFp32RowLimits
+//    (ops.h) rows, one launch that takes the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
 //  - the CUDA-core kernel (fp32 x that the one-row kernel does not take, odd shapes, up to kFusedGemvMaxRows
@@ -917,7 +917,7 @@ __device__ __forceinline__ void one_row_x(const T* from, bool inside, uint32_t (
 template <typename T, bool kHalfStep>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
-                        QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols,
+                        QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                         const T* __restrict__ bias, T* __restrict__ out) {
   using M = typename MmaOperand<T>::type;
   extern __shared__ __align__(16) uint8_t or_lut[];
@@ -955,147 +955,156 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     }
   }
 
-  // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
-  // tile's first scale (row 0's first block). Row r's bytes and scales are row r x row_bytes and row r x
-  // row_scales further on, added row by row: per-row 64-bit index math was most of this loop's instructions
-  // (NOTES gemv row 31).
-  int load_tile = first_tile;
-  int load_s = first_s;
-  const uint8_t* load_weight = nullptr;
-  const float* load_tile_scales = nullptr;
-  int load_rows = 0;  // the tile's rows in the CTA's range (the last tile's others load as zeros)
-  const auto seek = [&] {
-    const int first_row = load_tile * kOrRows;
-    load_weight = packed + first_row * row_bytes + int64_t{load_s} * kOrStepBytes + lane_byte;
-    load_tile_scales = absmax + first_row * row_scales;
-    load_rows = min(cta_row_count - first_row, kOrRows);
-  };
-  const auto load_step = [&](uint2(&weights)[kOrRows], float(&scales)[kOrRows]) {
-    const uint8_t* weight = load_weight;
-    // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
-    const float* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
-    const bool lane_there = segment_in_row(load_s);
-    if (load_rows == kOrRows && lane_there) {  // every step but a short last tile's and a half step's upper lanes
+  // Rows of x, one after another (split operands only: fp16 / bf16 x takes one row per launch, and a constant trip
+  // count of 1 keeps its code as it was): the table is filled once, and the later rows find W in L2 where it fits
+  // there, so a row costs the decode rather than a launch and a read from DRAM (NOTES gemv row 59).
+  const int row_count = MmaOperand<T>::kSplit ? x_rows : 1;
+  for (int x_row = 0; x_row < row_count; ++x_row, x += cols, out += rows) {
+    // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
+    // tile's first scale (row 0's first block). Row r's bytes and scales are row r x row_bytes and row r x
+    // row_scales further on, added row by row: per-row 64-bit index math was most of this loop's instructions
+    // (NOTES gemv row 31).
+    int load_tile = first_tile;
+    int load_s = first_s;
+    const uint8_t* load_weight = nullptr;
+    const float* load_tile_scales = nullptr;
+    int load_rows = 0;  // the tile's rows in the CTA's range (the last tile's others load as zeros)
+    const auto seek = [&] {
+      const int first_row = load_tile * kOrRows;
+      load_weight = packed + first_row * row_bytes + int64_t{load_s} * kOrStepBytes + lane_byte;
+      load_tile_scales = absmax + first_row * row_scales;
+      load_rows = min(cta_row_count - first_row, kOrRows);
+    };
+    const auto load_step = [&](uint2(&weights)[kOrRows], float(&scales)[kOrRows]) {
+      const uint8_t* weight = load_weight;
+      // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
+      const float* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
+      const bool lane_there = segment_in_row(load_s);
+      if (load_rows == kOrRows && lane_there) {  // every step but a short last tile's and a half step's upper lanes
 #pragma unroll
-      for (int r = 0; r < kOrRows; ++r) {
-        weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
-        weight += row_bytes, scale += row_scales;
-      }
-    } else {
-#pragma unroll
-      for (int r = 0; r < kOrRows; ++r) {
-        if (r < load_rows && lane_there) {
+        for (int r = 0; r < kOrRows; ++r) {
           weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
-        } else {  // past the CTA's rows (outputs dropped) or the row's end (x is zero there too): zeros
-          weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
+          weight += row_bytes, scale += row_scales;
         }
-        weight += row_bytes, scale += row_scales;
-      }
-    }
-    load_weight += kOrStepBytes;
-    if (++load_s == steps) load_s = 0, ++load_tile, seek();
-  };
-  seek();
-  // The ring of steps in flight, slot d holding steps d, d + kOrRing, ... (indexed by unrolled loops only,
-  // so it stays in registers). The first loads go out before the table fill.
-  uint2 ring_weights[kOrRing][kOrRows];
-  float ring_scales[kOrRing][kOrRows];
-#pragma unroll
-  for (int d = 0; d < kOrRing; ++d) {
-    if (d < count) load_step(ring_weights[d], ring_scales[d]);
-  }
-  fill_code_pair_table<T>(or_lut, quant_type);
-  __syncthreads();
-
-  // The table's address, taken from lane 0 so that the compiler sees one value per warp: it then keeps it in a
-  // uniform register and adds it inside each lookup's load ([R+UR]); computed per lane it cost an add per
-  // lookup (64 per step) and pushed the loop into spills (NOTES gemv row 31).
-  const uint32_t lut = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(__cvta_generic_to_shared(or_lut)), 0);
-  const uint32_t lane4 = 4 * lane;
-  int tile = first_tile;
-  int s = first_s;
-  bool from_tile_start = s == 0;  // the warp's part of `tile` began at its step 0
-  const T* x_lane = x + 64 * g + 16 * t;
-  // Segment g's sums of the step sit on the diagonal, in lane (g, g / 2): result column g % 2 for row 2mt
-  // and 2 + g % 2 for row 2mt + 1; each lane keeps the two of its columns that would be there, and only the
-  // diagonal lanes' sums are used.
-  const bool diagonal = t == g / 2;
-  const bool odd_column = g % 2 != 0;
-  float acc[kOrRows] = {};  // row r of the tile, this lane's segment
-
-  // The warp leaves `tile`: add the 8 segments of each row by a butterfly over the warp (the same order on
-  // every run; lanes off the diagonal give zeros); lane r writes row r, to the output when the warp took the
-  // whole tile, else to its slot for the tile (0: its first tile, 1: its last), added at the CTA's end.
-  const auto flush = [&](bool whole) {
-    float row_sum[kOrRows];
-#pragma unroll
-    for (int r = 0; r < kOrRows; ++r) row_sum[r] = diagonal ? acc[r] : 0.0f, acc[r] = 0.0f;
-    float mine_sum = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kOrRows; ++r) {
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) row_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, row_sum[r], offset);
-      if (lane == r) mine_sum = row_sum[r];
-    }
-    const int n = tile * kOrRows + lane;
-    if (lane < kOrRows && n < cta_row_count) {
-      if (whole) {
-        out[n] = from_float<T>(bias != nullptr ? mine_sum + to_float(bias[n]) : mine_sum);
       } else {
-        tile_parts[warp][tile == first_tile ? 0 : 1][lane] = mine_sum;
+#pragma unroll
+        for (int r = 0; r < kOrRows; ++r) {
+          if (r < load_rows && lane_there) {
+            weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
+          } else {  // past the CTA's rows (outputs dropped) or the row's end (x is zero there too): zeros
+            weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
+          }
+          weight += row_bytes, scale += row_scales;
+        }
       }
-    }
-  };
-
-  for (int q0 = 0; q0 < count; q0 += kOrRing) {
+      load_weight += kOrStepBytes;
+      if (++load_s == steps) load_s = 0, ++load_tile, seek();
+    };
+    seek();
+    // The ring of steps in flight, slot d holding steps d, d + kOrRing, ... (indexed by unrolled loops only,
+    // so it stays in registers). The first loads go out before the table fill.
+    uint2 ring_weights[kOrRing][kOrRows];
+    float ring_scales[kOrRing][kOrRows];
 #pragma unroll
     for (int d = 0; d < kOrRing; ++d) {
-      const int q = q0 + d;
-      if (q >= count) break;
-      const uint2(&weights)[kOrRows] = ring_weights[d];
-      const float(&scales)[kOrRows] = ring_scales[d];
-#ifdef NF4_OR_NO_DECODE  // timing build: the stream alone (every loaded value still feeds the result)
-      uint32_t bits = 0;
-#pragma unroll
-      for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(scales[r]);
-      acc[0] += __uint_as_float(bits & 0x3FFFFFFFu);
-#else
-      uint32_t x_hi[8], x_lo[8];  // x_lo: fp32 x only (MmaOperand)
-      // a half step: zeros past the row's end, whose weights load as zeros too
-      one_row_x<T, kHalfStep>(x_lane + int64_t{s} * kOrStep, segment_in_row(s), x_hi, x_lo);
-#pragma unroll
-      for (int mt = 0; mt < kOrRows / 2; ++mt) {
-        const uint2 lo = weights[2 * mt], hi = weights[2 * mt + 1];
-        float sums[4] = {};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          uint32_t a[4];
-          a_fragment(j, lo, hi, lut, lane4, a);
-          if constexpr (MmaOperand<T>::kSplit) {  // the small products first
-            uint32_t a_lo[4];
-            a_fragment(j, lo, hi, lut + kTcLutEntryBytes / 2, lane4, a_lo);
-            mma_16816<M>(sums, a_lo, x_hi[2 * j], x_hi[2 * j + 1], sums);
-            mma_16816<M>(sums, a, x_lo[2 * j], x_lo[2 * j + 1], sums);
-          }
-          mma_16816<M>(sums, a, x_hi[2 * j], x_hi[2 * j + 1], sums);
-        }
-        acc[2 * mt] = fmaf(scales[2 * mt], odd_column ? sums[1] : sums[0], acc[2 * mt]);
-        acc[2 * mt + 1] = fmaf(scales[2 * mt + 1], odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
-      }
-#endif
-      if (q + kOrRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
-      if (s + 1 == steps || q + 1 == count) flush(from_tile_start && s + 1 == steps);
-      if (++s == steps) s = 0, ++tile, from_tile_start = true;
+      if (d < count) load_step(ring_weights[d], ring_scales[d]);
     }
-  }
+    if (x_row == 0) {
+      fill_code_pair_table<T>(or_lut, quant_type);
+      __syncthreads();
+    }
 
-  // The shared tile this warp adds, in warp order (the same bits on every run).
-  __syncthreads();
-  const int n = first_tile * kOrRows + lane;
-  if (merge_from >= 0 && lane < kOrRows && n < cta_row_count) {
-    float sum = tile_parts[merge_from / 2][merge_from % 2][lane];
-    for (int w = merge_from / 2 + 1; w <= warp; ++w) sum += tile_parts[w][0][lane];
-    out[n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+    // The table's address, taken from lane 0 so that the compiler sees one value per warp: it then keeps it in a
+    // uniform register and adds it inside each lookup's load ([R+UR]); computed per lane it cost an add per
+    // lookup (64 per step) and pushed the loop into spills (NOTES gemv row 31).
+    const uint32_t lut = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(__cvta_generic_to_shared(or_lut)), 0);
+    const uint32_t lane4 = 4 * lane;
+    int tile = first_tile;
+    int s = first_s;
+    bool from_tile_start = s == 0;  // the warp's part of `tile` began at its step 0
+    const T* x_lane = x + 64 * g + 16 * t;
+    // Segment g's sums of the step sit on the diagonal, in lane (g, g / 2): result column g % 2 for row 2mt
+    // and 2 + g % 2 for row 2mt + 1; each lane keeps the two of its columns that would be there, and only the
+    // diagonal lanes' sums are used.
+    const bool diagonal = t == g / 2;
+    const bool odd_column = g % 2 != 0;
+    float acc[kOrRows] = {};  // row r of the tile, this lane's segment
+
+    // The warp leaves `tile`: add the 8 segments of each row by a butterfly over the warp (the same order on
+    // every run; lanes off the diagonal give zeros); lane r writes row r, to the output when the warp took the
+    // whole tile, else to its slot for the tile (0: its first tile, 1: its last), added at the CTA's end.
+    const auto flush = [&](bool whole) {
+      float row_sum[kOrRows];
+#pragma unroll
+      for (int r = 0; r < kOrRows; ++r) row_sum[r] = diagonal ? acc[r] : 0.0f, acc[r] = 0.0f;
+      float mine_sum = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kOrRows; ++r) {
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) row_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, row_sum[r], offset);
+        if (lane == r) mine_sum = row_sum[r];
+      }
+      const int n = tile * kOrRows + lane;
+      if (lane < kOrRows && n < cta_row_count) {
+        if (whole) {
+          out[n] = from_float<T>(bias != nullptr ? mine_sum + to_float(bias[n]) : mine_sum);
+        } else {
+          tile_parts[warp][tile == first_tile ? 0 : 1][lane] = mine_sum;
+        }
+      }
+    };
+
+    for (int q0 = 0; q0 < count; q0 += kOrRing) {
+#pragma unroll
+      for (int d = 0; d < kOrRing; ++d) {
+        const int q = q0 + d;
+        if (q >= count) break;
+        const uint2(&weights)[kOrRows] = ring_weights[d];
+        const float(&scales)[kOrRows] = ring_scales[d];
+#ifdef NF4_OR_NO_DECODE  // timing build: the stream alone (every loaded value still feeds the result)
+        uint32_t bits = 0;
+#pragma unroll
+        for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(scales[r]);
+        acc[0] += __uint_as_float(bits & 0x3FFFFFFFu);
+#else
+        uint32_t x_hi[8], x_lo[8];  // x_lo: fp32 x only (MmaOperand)
+        // a half step: zeros past the row's end, whose weights load as zeros too
+        one_row_x<T, kHalfStep>(x_lane + int64_t{s} * kOrStep, segment_in_row(s), x_hi, x_lo);
+#pragma unroll
+        for (int mt = 0; mt < kOrRows / 2; ++mt) {
+          const uint2 lo = weights[2 * mt], hi = weights[2 * mt + 1];
+          float sums[4] = {};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            uint32_t a[4];
+            a_fragment(j, lo, hi, lut, lane4, a);
+            if constexpr (MmaOperand<T>::kSplit) {  // the small products first
+              uint32_t a_lo[4];
+              a_fragment(j, lo, hi, lut + kTcLutEntryBytes / 2, lane4, a_lo);
+              mma_16816<M>(sums, a_lo, x_hi[2 * j], x_hi[2 * j + 1], sums);
+              mma_16816<M>(sums, a, x_lo[2 * j], x_lo[2 * j + 1], sums);
+            }
+            mma_16816<M>(sums, a, x_hi[2 * j], x_hi[2 * j + 1], sums);
+          }
+          acc[2 * mt] = fmaf(scales[2 * mt], odd_column ? sums[1] : sums[0], acc[2 * mt]);
+          acc[2 * mt + 1] = fmaf(scales[2 * mt + 1], odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
+        }
+#endif
+        if (q + kOrRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
+        if (s + 1 == steps || q + 1 == count) flush(from_tile_start && s + 1 == steps);
+        if (++s == steps) s = 0, ++tile, from_tile_start = true;
+      }
+    }
+
+    // The shared tile this warp adds, in warp order (the same bits on every run).
+    __syncthreads();
+    const int n = first_tile * kOrRows + lane;
+    if (merge_from >= 0 && lane < kOrRows && n < cta_row_count) {
+      float sum = tile_parts[merge_from / 2][merge_from % 2][lane];
+      for (int w = merge_from / 2 + 1; w <= warp; ++w) sum += tile_parts[w][0][lane];
+      out[n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+    }
+    if (x_row + 1 < row_count) __syncthreads();  // tile_parts is read above before the next row writes it
   }
 }
 
@@ -1235,16 +1244,29 @@ bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksi
          (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
 }
 
+// The most rows of fp32 x that take the one-row kernel (ops.h); a tuning build (benchmarks/NOTES.md, gemv row 59)
+// may set one limit for every W with -DNF4_ONE_ROW_FP32_MAX_ROWS=n, to time the kernel past the table's limits.
+int64_t one_row_fp32_max_rows(int64_t rows, int64_t cols) {
+#ifdef NF4_ONE_ROW_FP32_MAX_ROWS
+  return NF4_ONE_ROW_FP32_MAX_ROWS;
+#else
+  return gemv_row_limit(kOneRowFp32RowLimits, rows, cols);
+#endif
+}
+
+// x_rows: 1, or with split operands (fp32 x) up to kOneRowFp32RowLimits (ops.h), taken one after another.
 template <typename T>
 void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
-                         int64_t rows, int64_t cols, const T* bias, T* out, cudaStream_t stream) {
+                         int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT(x_rows == 1 || (MmaOperand<T>::kSplit && x_rows >= 1 && x_rows <= INT32_MAX));
   const auto launch = [&](auto half_step_constant) {
     constexpr bool kHalfStep = decltype(half_step_constant)::value;
     static std::atomic<int64_t> resident[64] = {};  // one cache per instance
     prepare_kernel(resident, one_row_gemv_kernel<T, kHalfStep>, kOrWarps * 32, kTcLutBytes);
     const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
     one_row_gemv_kernel<T, kHalfStep><<<grid, kOrWarps * 32, kTcLutBytes, stream>>>(
-        x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, bias, out);
+        x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows), bias,
+        out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   cols % kOrStep == 0 ? launch(std::false_type{}) : launch(std::true_type{});
@@ -1343,7 +1365,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&
                             one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
   const int64_t fused_max_rows = tensor_cores   ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
-                                 : one_row_fp32 ? gemv_row_limit(kOneRowFp32RowLimits, rows, cols)
+                                 : one_row_fp32 ? one_row_fp32_max_rows(rows, cols)
                                                 : kFusedGemvMaxRows;
   if (x_rows > fused_max_rows) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
@@ -1369,7 +1391,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
         for (int64_t first = 0; first < x_rows; first += kTensorCoreGemvLaunchRows) {
           const int64_t launch_rows = std::min(kTensorCoreGemvLaunchRows, x_rows - first);
           if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
-            launch_one_row_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, bias_data,
+            launch_one_row_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, 1, bias_data,
                                    out_data + first * rows, stream);
           } else {
             launch_tc_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, launch_rows, bias_data,
@@ -1378,11 +1400,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
         }
         return;
       }
-    } else if (one_row_fp32) {  // one launch per row of x (ops.h, kOneRowFp32RowLimits)
-      for (int64_t row = 0; row < x_rows; ++row) {
-        launch_one_row_gemv<T>(x_data + row * cols, bytes, scales, spec, rows, cols, bias_data, out_data + row * rows,
-                               stream);
-      }
+    } else if (one_row_fp32) {  // one launch for every row of x (ops.h, kOneRowFp32RowLimits)
+      launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, x_rows, bias_data, out_data, stream);
       return;
     }
     const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
