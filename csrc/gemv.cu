@@ -914,7 +914,7 @@ __device__ __forceinline__ void one_row_x(const T* from, bool inside, uint32_t (
   }
 }
 
-template <typename T, bool kHalfStep>
+template <typename T, bool kHalfStep, bool kRowLoop>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
@@ -955,10 +955,11 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     }
   }
 
-  // Rows of x, one after another (split operands only: fp16 / bf16 x takes one row per launch, and a constant trip
-  // count of 1 keeps its code as it was): the table is filled once, and the later rows find W in L2 where it fits
-  // there, so a row costs the decode rather than a launch and a read from DRAM (NOTES gemv row 59).
-  const int row_count = MmaOperand<T>::kSplit ? x_rows : 1;
+  // kRowLoop (fp32 x of several rows): the rows of x one after another, the table filled once, and the later rows
+  // find W in L2 where it fits there, so a row costs its decode rather than a launch and a read from DRAM. Other
+  // calls take an instance with a constant trip count of 1, whose code is the loop's body alone: the loop's live
+  // values cost the fp32 loop spills, and one row 2-11% of its time (NOTES gemv row 59).
+  const int row_count = kRowLoop ? x_rows : 1;
   for (int x_row = 0; x_row < row_count; ++x_row, x += cols, out += rows) {
     // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
     // tile's first scale (row 0's first block). Row r's bytes and scales are row r x row_bytes and row r x
@@ -1258,18 +1259,27 @@ int64_t one_row_fp32_max_rows(int64_t rows, int64_t cols) {
 template <typename T>
 void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                          int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
-  TORCH_INTERNAL_ASSERT(x_rows == 1 || (MmaOperand<T>::kSplit && x_rows >= 1 && x_rows <= INT32_MAX));
-  const auto launch = [&](auto half_step_constant) {
+  TORCH_INTERNAL_ASSERT(x_rows == 1 || (MmaOperand<T>::kSplit && x_rows > 1 && x_rows <= INT32_MAX));
+  const auto launch = [&](auto half_step_constant, auto row_loop_constant) {
     constexpr bool kHalfStep = decltype(half_step_constant)::value;
+    constexpr bool kRowLoop = decltype(row_loop_constant)::value;
+    const auto kernel = one_row_gemv_kernel<T, kHalfStep, kRowLoop>;
     static std::atomic<int64_t> resident[64] = {};  // one cache per instance
-    prepare_kernel(resident, one_row_gemv_kernel<T, kHalfStep>, kOrWarps * 32, kTcLutBytes);
+    prepare_kernel(resident, kernel, kOrWarps * 32, kTcLutBytes);
     const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
-    one_row_gemv_kernel<T, kHalfStep><<<grid, kOrWarps * 32, kTcLutBytes, stream>>>(
+    kernel<<<grid, kOrWarps * 32, kTcLutBytes, stream>>>(
         x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows), bias,
         out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  cols % kOrStep == 0 ? launch(std::false_type{}) : launch(std::true_type{});
+  const auto with_half_step = [&](auto row_loop) {
+    cols % kOrStep == 0 ? launch(std::false_type{}, row_loop) : launch(std::true_type{}, row_loop);
+  };
+  if constexpr (MmaOperand<T>::kSplit) {
+    x_rows > 1 ? with_half_step(std::true_type{}) : with_half_step(std::false_type{});
+  } else {
+    with_half_step(std::false_type{});
+  }
 }
 
 template <typename T>

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import BLOCKSIZE, PAPER_LAYERS, QUANT_TYPE, copies_for, graph_median_us  # noqa: E402
 from report import gemv_bytes  # noqa: E402
 
-LAYERS = [("llama3.3-70b", "gate/up"), ("llama3.3-70b", "q"), ("llama3.3-70b", "kv"), ("qwen3-32b", "kv"),
-          ("gemma-27b", "q")]
+LAYERS = [("llama3.3-70b", "gate/up"), ("llama3.3-70b", "q"), ("qwen3-32b", "q"), ("llama3.3-70b", "kv"),
+          ("qwen3-32b", "kv"), ("gemma-27b", "q"), ("gemma-27b", "kv")]
 
 
 def main() -> None:
