@@ -121,14 +121,19 @@ constexpr GemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
 };
 
 //  - fp32 x on CUDA where the one-row kernel takes it (csrc/gemv.cu, one_row_gemv_applies with split operands):
-//    one launch of the one-row kernel per row of x, up to these many rows by the size of W, then dequantize +
-//    cuBLAS (the CUDA-core kernel, which the other fp32 cases keep, costs about a weight read per row of x and
-//    was 2x slower than dequantize + cuBLAS at 8 rows on Llama's gate/up and q). Each limit is the most rows at
-//    which the launches were faster than dequantize + cuBLAS in fp32, measured on an H100 (NOTES gemv row 58):
+//    one launch of the one-row kernel that takes the rows of x one after another (W from L2 after the first row
+//    where it fits there), up to these many rows by the size of W, then dequantize + cuBLAS (the CUDA-core kernel,
+//    which the other fp32 cases keep, costs about a weight read per row of x and was 2x slower than dequantize +
+//    cuBLAS at 8 rows on Llama's gate/up and q). Each limit is the most rows through which the launch was faster
+//    than dequantize + cuBLAS in fp32 (and than bitsandbytes, which does the same there), measured on an H100 at
+//    1-12, 14, 16, 20, 24 and 32 rows (NOTES gemv row 59; cuBLAS's fp32 time jumps between row counts, so a limit
+//    is where the launch stays ahead, not where the two cross first):
 constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
-    {0, 3},   // Qwen's k/v (2.5 MiB): at 4 rows dequantize + cuBLAS 12% faster, at 3 1.8x slower
-    {4, 7},   // Llama's k/v (4 MiB) faster through 8 rows, Gemma's q (10.5 MiB) through 7 (8: 6% slower)
-    {16, 8},  // Llama's q/o (32 MiB) and gate/up (112 MiB): 10-20% faster at 8 rows
+    {0, 8},   // Qwen's k/v (2.5 MiB): 35.9 us against 37.3 at 8 rows; at 9 dense 21% faster
+    {4, 16},  // Llama's k/v (4 MiB): ahead through 16 rows (71.5 us against 84.6); at 20 dense 42% faster
+    {5, 8},   // Gemma's k/v (5.25 MiB): 52.8 us against 76.5 at 8 rows; even at 9, dense faster at 10-11
+    {8, 9},   // Gemma's q (10.5 MiB), Qwen's q (20 MiB), Llama's q (32 MiB) and gate/up (112 MiB): ahead through 9
+              // (4-19%); at 10 Gemma's q 5% behind, at 11 all of them
 };
 
 // The max_rows of the last limit whose min_packed_mib the packed W reaches.

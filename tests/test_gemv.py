@@ -291,7 +291,7 @@ def test_gemv_one_row_kernel(case):
 
 # csrc/ops.h kOneRowFp32RowLimits: fp32 x on a W that the one-row kernel takes runs one launch of it that takes the
 # rows of x one after another, up to these many rows by the packed W's size in MiB, then dequantize + cuBLAS.
-ONE_ROW_FP32_ROW_LIMITS = [(0, 3), (4, 7), (16, 8)]
+ONE_ROW_FP32_ROW_LIMITS = [(0, 8), (4, 16), (5, 8), (8, 9)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
