@@ -1,6 +1,7 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
-//    (MmaOperand), on sm_80+, plain absmax, on layers with enough steps per warp (one_row_gemv_applies), also as
+//    (MmaOperand), on sm_80+, plain absmax (fp32 x: nested too, expanded to plain first by plain_scales), on
+//    layers with enough steps per warp (one_row_gemv_applies), also as
 //    the last launch of a call of 16 k + 1 rows of fp16/bf16 x, and for fp32 x of up to kOneRowFp32RowLimits
 //    (ops.h) rows, one launch that takes the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
@@ -1228,7 +1229,8 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
-// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x, plain absmax, whole 512-element steps or
+// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x, plain absmax (with split operands nested
+// absmax too, expanded to plain first: plain_scales), whole 512-element steps or
 // a last half step per row, W rows that start on absmax block boundaries (its scale addresses step by whole rows
 // of blocks), and enough steps (a half step counted as one) that every warp of the CTA with the fewest rows (one
 // CTA per SM) has kOrMinStepsPerWarp, kOrMinStepsPerWarpSplit with split operands (the smallest fp16 / bf16
@@ -1241,8 +1243,36 @@ bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksi
   const int min_steps_per_warp = split_operands ? kOrMinStepsPerWarpSplit : kOrMinStepsPerWarp;
   const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
   const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile
-  return x_rows == 1 && !scales.nested() && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
+  return x_rows == 1 && (!scales.nested() || split_operands) && cols % (kOrStep / 2) == 0 &&
+         cols % (int64_t{1} << blocksize_log2) == 0 &&
          (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
+}
+
+// scales.at(block) for every block of W, as plain fp32 absmax.
+__global__ void expand_nested_absmax_kernel(BlockScales scales, int64_t blocks, float* __restrict__ out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < blocks; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = scales.at(i);
+  }
+}
+
+// The one-row kernel reads plain fp32 absmax. fp32 x with nested absmax would otherwise take the CUDA-core kernel
+// (about bitsandbytes' speed), so a launch first expands the nested scales into `storage`: per block of 64 weights
+// the call then moves 41 bytes (32 packed, 1 code read, 4 written and read again) against 36 on plain absmax, and
+// one launch more (NOTES gemv row 60). Each value is bitsandbytes' nested absmax, as dequantize computes it.
+// Plain scales are returned as they are.
+BlockScales plain_scales(const BlockScales& scales, int64_t rows, int64_t cols, int blocksize_log2,
+                         const at::Tensor& like, at::Tensor& storage, cudaStream_t stream) {
+  if (!scales.nested()) return scales;
+  const int64_t blocks = rows * cols >> blocksize_log2;  // whole blocks: the one-row kernel needs K % blocksize == 0
+  storage = at::empty({blocks}, like.options().dtype(at::kFloat));
+  const int threads = 256;
+  const int64_t most = int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} * 8;
+  const int grid = static_cast<int>(std::max<int64_t>(1, std::min((blocks + threads - 1) / threads, most)));
+  expand_nested_absmax_kernel<<<grid, threads, 0, stream>>>(scales, blocks, storage.mutable_data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  BlockScales plain;
+  plain.absmax = storage.const_data_ptr<float>();
+  return plain;
 }
 
 // The most rows of fp32 x that take the one-row kernel (ops.h); a tuning build (benchmarks/NOTES.md, gemv row 59)
@@ -1371,7 +1401,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
   const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
-  // fp32 x: the one-row kernel (split operands) once per row where it applies, else the CUDA-core kernel
+  // fp32 x: the one-row kernel (split operands; nested absmax expanded first) where it applies, else the CUDA-core
+  // kernel
   const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&
                             one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
   const int64_t fused_max_rows = tensor_cores   ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
@@ -1411,7 +1442,9 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
         return;
       }
     } else if (one_row_fp32) {  // one launch for every row of x (ops.h, kOneRowFp32RowLimits)
-      launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, x_rows, bias_data, out_data, stream);
+      at::Tensor expanded;
+      const BlockScales plain = plain_scales(scales, rows, cols, spec.blocksize_log2, out, expanded, stream);
+      launch_one_row_gemv<T>(x_data, bytes, plain, spec, rows, cols, x_rows, bias_data, out_data, stream);
       return;
     }
     const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

@@ -90,12 +90,15 @@ def main():
     # (K % 512 == 256), whose upper lanes must read nothing past W's and x's rows; and 2 tiles per CTA (2-3 steps
     # per warp: runs shorter than the ring); and 1 tile per CTA (1-2 steps per warp: fp32 x only, bf16 x takes the
     # tensor-core kernel there). Each with bf16 x and with fp32 x (split into bf16 parts), and 3 rows of fp32 x (one
-    # launch that takes the rows one after another: csrc/ops.h kOneRowFp32RowLimits).
+    # launch that takes the rows one after another: csrc/ops.h kOneRowFp32RowLimits); fp32 x with nested absmax
+    # too (expanded to plain fp32 by a first launch: csrc/gemv.cu plain_scales).
     for tiles_per_cta, one_row_k in ((8, 512 * 17), (8, 512 * 17 - 256), (2, 512 * 17), (1, 512 * 17)):
         one_row_n = (4 * tiles_per_cta - 2) * sms + 7
-        packed, args = random_weight(one_row_n, one_row_k, 64, False)
-        for dtype, rows in ((torch.bfloat16, 1), (torch.float32, 1), (torch.float32, 3)):
-            failures += check_gemv(packed, args, rows, f"{one_row_n}x{one_row_k} one-row kernel", dtype)
+        for nested in (False, True):
+            packed, args = random_weight(one_row_n, one_row_k, 64, nested)
+            label = f"{one_row_n}x{one_row_k} one-row kernel nested={nested}"
+            for dtype, rows in ((torch.bfloat16, 1), (torch.float32, 1), (torch.float32, 3)):
+                failures += check_gemv(packed, args, rows, label, dtype)
     # More rows than one tensor-core launch takes, on a W large enough for several (csrc/ops.h,
     # kTensorCoreGemvRowLimits*: 32 or 48 rows from 16 MiB packed): launches of 16 and 8 rows.
     packed, args = random_weight(8200, 4096, 64, False)

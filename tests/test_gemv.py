@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import nf4_ops
+from nf4_ops.reference import absmax_reference
 from conftest import (
     ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, assert_gemv_close, bnb_cuda_works, bnb_quantize,
     dtype_id, state_on,
@@ -192,11 +193,12 @@ def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
 
 def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool, dtype=torch.bfloat16) -> bool:
     """Whether one row of x (fp16, bf16 or fp32) on this W takes the one-row kernel (csrc/gemv.cu
-    one_row_gemv_applies, on this GPU's SM count), for tests that must know which kernel a call takes."""
+    one_row_gemv_applies, on this GPU's SM count), for tests that must know which kernel a call takes. Nested
+    absmax: fp32 x only (expanded to plain first)."""
     n, k = shape
     fewest_rows = n // torch.cuda.get_device_properties(0).multi_processor_count  # per CTA, one CTA per SM
     steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * -(-k // 512)  # a last half step (K % 512 == 256) counts as one
-    return (not nested and k % 256 == 0 and k % blocksize == 0
+    return ((not nested or dtype == torch.float32) and k % 256 == 0 and k % blocksize == 0
             and steps >= one_row_min_steps_per_warp(dtype) * ONE_ROW_WARPS)  # fmt: skip
 
 
@@ -323,6 +325,48 @@ def test_gemv_fp32_rows(steps, half_step, steps_per_warp):
         else:
             assert one_row_launches == 0 and any("dequantize" in name for name in names), names
         assert_gemv_close(out, x[:rows], packed, args, bias)
+
+
+# (steps per tile, last step a half step, blocksize, quant_type, steps per warp): fp32 x with nested absmax on a W
+# that the one-row kernel takes, at blocksizes of one segment and of a whole step, rows ending in a half step, and
+# fp32's minimum of 1 step per warp.
+ONE_ROW_FP32_NESTED_CASES = [(17, False, 64, "nf4", 8), (11, True, 128, "fp4", 2), (10, False, 512, "nf4", 1)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize(
+    "case", ONE_ROW_FP32_NESTED_CASES, ids=lambda c: f"steps{c[0]}{'-half' if c[1] else ''}-bs{c[2]}-{c[3]}-{c[4]}perwarp"
+)
+def test_gemv_fp32_nested_one_row(case):
+    """fp32 x with nested absmax takes the one-row kernel after a launch that expands the nested absmax to plain
+    fp32 (csrc/gemv.cu plain_scales), at one row and at 3: within the tolerance rule, each row the same bits as that
+    row alone and on every run, and the same bits as the one-row kernel on the plain absmax that the nested values
+    stand for (nf4_ops.reference.absmax_reference: bitsandbytes' nested math, two roundings, as dequantize's)."""
+    steps, half_step, blocksize, quant_type, steps_per_warp = case
+    shape = one_row_shape(steps, half_step, steps_per_warp)
+    assert one_row_kernel_takes(shape, blocksize, True, torch.float32)
+    packed, args = weight_on("cuda", shape, quant_type, blocksize, True)
+    assert args["nested_absmax"] is not None
+    x = random_x((3, shape[1]), torch.float32, "cuda")
+    bias = random_x((shape[0],), torch.float32, "cuda", seed=9)
+    # the plain absmax that the nested one stands for, from the oracle's own nested math
+    plain_absmax = absmax_reference(args["absmax"], args["nested_absmax"], args["nested_code"], args["nested_offset"],
+                                    args["nested_blocksize"])
+    plain_args = {name: args[name] for name in ("blocksize", "quant_type", "shape")} | {"absmax": plain_absmax}
+    for rows in (1, 3):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
+            torch.cuda.synchronize()
+        names = [event.name for event in profile.events()]
+        assert sum("expand_nested_absmax_kernel" in name for name in names) == 1, names
+        assert sum("one_row_gemv_kernel" in name for name in names) == 1, names
+        assert not any("fused_gemv_kernel" in name or "dequantize" in name for name in names), names
+        assert_gemv_close(out, x[:rows], packed, args, bias)
+        assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **plain_args), out)
+        assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args), out)  # the same bits every run
+        for row in range(rows):
+            alone = torch.ops.nf4.gemv(x[row : row + 1], packed, bias=bias, **args)
+            assert torch.equal(out[row : row + 1], alone), f"row {row} of {rows}"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")

@@ -3,7 +3,7 @@ fp32 x, the two paths nf4::gemv chooses between for fp32 x (a one-row call per r
 cuBLAS), and nf4::gemv on bf16 x, on a few paper layers. Same method as benchmarks/bench_kernels.py (CUDA graphs
 over rotated weight copies quantized by bitsandbytes, medians of replays).
 
-    python benchmarks/experiments/fp32_rows.py [--rows 1 2 4 8 9 16]
+    python benchmarks/experiments/fp32_rows.py [--rows 1 2 4 8 9 16] [--small] [--nested]
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8, 9, 16])
     parser.add_argument("--small", action="store_true", help="the layers under 16 MiB of packed W only")
+    parser.add_argument("--nested", action="store_true", help="nested absmax (bnb_4bit_use_double_quant)")
     args = parser.parse_args()
-    print(f"{torch.cuda.get_device_name()}, bitsandbytes {bnb.__version__}")
+    print(f"{torch.cuda.get_device_name()}, bitsandbytes {bnb.__version__}, {'nested' if args.nested else 'plain'} absmax")
     print("| layer | M | nf4 fp32 us | bnb fp32 us | nf4 vs bnb | a one-row call per row us | dequantize + cuBLAS us "
           "| nf4 bf16 us |")
     print("|---|---|---|---|---|---|---|---|")
@@ -41,7 +42,8 @@ def main() -> None:
             continue
         weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
         count = copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, 1))
-        quantized = [bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE) for _ in range(count)]
+        quantized = [bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, quant_type=QUANT_TYPE,
+                                        compress_statistics=args.nested) for _ in range(count)]  # fmt: skip
         for rows in args.rows:
             x = torch.randn(rows, layer.k, device="cuda", dtype=torch.bfloat16)
             x32 = x.float()
