@@ -1,7 +1,7 @@
 // nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
-//    (MmaOperand), on sm_80+, plain absmax (fp32 x: nested too, expanded to plain first by plain_scales), on
-//    layers with enough steps per warp (one_row_gemv_applies), also as
+//    (MmaOperand), on sm_80+, plain or nested absmax, on layers with enough steps per warp (one_row_gemv_applies),
+//    also as
 //    the last launch of a call of 16 k + 1 rows of fp16/bf16 x, and for fp32 x of up to kOneRowFp32RowLimits
 //    (ops.h) rows, one launch that takes the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
@@ -880,6 +880,30 @@ __device__ __forceinline__ float load_once_f32(const float* from) {
   asm("ld.global.nc.L1::no_allocate.f32 %0, [%1];\n" : "=f"(v) : "l"(from));
   return v;
 }
+__device__ __forceinline__ uint32_t load_once_u8(const uint8_t* from) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u8 %0, [%1];\n" : "=r"(v) : "l"(from));
+  return v;
+}
+// A block's scale as the one-row kernel loads it: the fp32 absmax, or (nested) its uint8 code.
+__device__ __forceinline__ float load_once_scale(const float* from) { return load_once_f32(from); }
+__device__ __forceinline__ uint32_t load_once_scale(const uint8_t* from) { return load_once_u8(from); }
+
+// Nested absmax on the one-row kernel: the codes are loaded with the weights (1 byte per row and step where plain
+// absmax takes 4), and each is turned into its fp32 scale when the step is decoded, from two shared-memory tables
+// filled at the CTA's start: the 256-entry code map (state2.code) and the CTA's range of nested absmax values
+// (state2.absmax), at most kOrNestedMaxBlocks of them (one_row_gemv_applies). The value is bitsandbytes' nested
+// math, as dequantize's (BlockScales::nested_absmax_value). NOTES gemv row 61.
+constexpr int kOrCode2Floats = 256;
+constexpr int kOrNestedMaxBlocks = 4096;
+constexpr int kOrNestedSharedBytes = (kOrCode2Floats + kOrNestedMaxBlocks) * 4;
+
+// The nested absmax values CTA ranges need at most: those of the blocks of ceil(N / ctas) rows, starting anywhere in
+// a nested block. The kernel clamps the index for the rows past the CTA's end, whose outputs are dropped.
+__host__ __device__ inline int64_t one_row_nested_blocks(int64_t rows, int64_t ctas, int64_t row_scales,
+                                                         int nested_blocksize_log2) {
+  return ((rows + ctas - 1) / ctas * row_scales >> nested_blocksize_log2) + 2;
+}
 
 // The W rows of CTA `cta` of `ctas`: [first, end).
 struct CtaRows {
@@ -915,12 +939,16 @@ __device__ __forceinline__ void one_row_x(const T* from, bool inside, uint32_t (
   }
 }
 
-template <typename T, bool kHalfStep, bool kRowLoop>
+// kNested: `absmax` is unused and `nested` holds the scales (BlockScales, nested), `nested_blocks` values of
+// state2.absmax per CTA (one_row_nested_blocks).
+template <typename T, bool kHalfStep, bool kRowLoop, bool kNested>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
-                        const T* __restrict__ bias, T* __restrict__ out) {
+                        const T* __restrict__ bias, T* __restrict__ out, BlockScales nested, int nested_blocks) {
   using M = typename MmaOperand<T>::type;
+  using ScaleSource = std::conditional_t<kNested, uint8_t, float>;  // what the loads read per block
+  using ScaleWord = std::conditional_t<kNested, uint32_t, float>;   // what the ring holds per row and step
   extern __shared__ __align__(16) uint8_t or_lut[];
   // the parts of the CTA's shared tiles: [warp][0: its first tile, 1: its last][tile row]
   __shared__ float tile_parts[kOrWarps][2][kOrRows];
@@ -936,7 +964,12 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   const CtaRows cta = cta_rows(blockIdx.x, gridDim.x, rows);
   const int cta_row_count = static_cast<int>(cta.end - cta.first);
   packed += cta.first * row_bytes;
-  absmax += cta.first * row_scales;
+  const ScaleSource* scale_source;
+  if constexpr (kNested) {
+    scale_source = nested.codes + cta.first * row_scales;
+  } else {
+    scale_source = absmax + cta.first * row_scales;
+  }
   out += cta.first;
   if (bias != nullptr) bias += cta.first;
   const int64_t total = int64_t{(cta_row_count + kOrRows - 1) / kOrRows} * steps;  // the CTA's (tile, step)s
@@ -961,6 +994,17 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   // calls take an instance with a constant trip count of 1, whose code is the loop's body alone: the loop's live
   // values cost the fp32 loop spills, and one row 2-11% of its time (NOTES gemv row 59).
   const int row_count = kRowLoop ? x_rows : 1;
+  // Nested: the shared code map and nested absmax values (filled with the table), the offset, and where the CTA's
+  // first block sits in its nested block.
+  const float* nested_code2 = reinterpret_cast<const float*>(or_lut + kTcLutBytes);
+  const float* nested_absmax2 = nested_code2 + kOrCode2Floats;
+  float nested_offset = 0.0f;
+  int nested_phase = 0;
+  const int row_scales_int = static_cast<int>(row_scales);
+  if constexpr (kNested) {
+    nested_offset = *nested.offset;
+    nested_phase = static_cast<int>(cta.first * row_scales & ((int64_t{1} << nested.nested_blocksize_log2) - 1));
+  }
   for (int x_row = 0; x_row < row_count; ++x_row, x += cols, out += rows) {
     // The load cursor: the step that the next loads are for, its weight bytes for the lane (tile row 0) and the
     // tile's first scale (row 0's first block). Row r's bytes and scales are row r x row_bytes and row r x
@@ -969,32 +1013,32 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     int load_tile = first_tile;
     int load_s = first_s;
     const uint8_t* load_weight = nullptr;
-    const float* load_tile_scales = nullptr;
+    const ScaleSource* load_tile_scales = nullptr;
     int load_rows = 0;  // the tile's rows in the CTA's range (the last tile's others load as zeros)
     const auto seek = [&] {
       const int first_row = load_tile * kOrRows;
       load_weight = packed + first_row * row_bytes + int64_t{load_s} * kOrStepBytes + lane_byte;
-      load_tile_scales = absmax + first_row * row_scales;
+      load_tile_scales = scale_source + first_row * row_scales;
       load_rows = min(cta_row_count - first_row, kOrRows);
     };
-    const auto load_step = [&](uint2(&weights)[kOrRows], float(&scales)[kOrRows]) {
+    const auto load_step = [&](uint2(&weights)[kOrRows], ScaleWord(&scales)[kOrRows]) {
       const uint8_t* weight = load_weight;
       // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
-      const float* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
+      const ScaleSource* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
       const bool lane_there = segment_in_row(load_s);
       if (load_rows == kOrRows && lane_there) {  // every step but a short last tile's and a half step's upper lanes
 #pragma unroll
         for (int r = 0; r < kOrRows; ++r) {
-          weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
+          weights[r] = load_once_8(weight), scales[r] = load_once_scale(scale);
           weight += row_bytes, scale += row_scales;
         }
       } else {
 #pragma unroll
         for (int r = 0; r < kOrRows; ++r) {
           if (r < load_rows && lane_there) {
-            weights[r] = load_once_8(weight), scales[r] = load_once_f32(scale);
+            weights[r] = load_once_8(weight), scales[r] = load_once_scale(scale);
           } else {  // past the CTA's rows (outputs dropped) or the row's end (x is zero there too): zeros
-            weights[r] = make_uint2(0, 0), scales[r] = 0.0f;
+            weights[r] = make_uint2(0, 0), scales[r] = 0;
           }
           weight += row_bytes, scale += row_scales;
         }
@@ -1006,13 +1050,22 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     // The ring of steps in flight, slot d holding steps d, d + kOrRing, ... (indexed by unrolled loops only,
     // so it stays in registers). The first loads go out before the table fill.
     uint2 ring_weights[kOrRing][kOrRows];
-    float ring_scales[kOrRing][kOrRows];
+    ScaleWord ring_scales[kOrRing][kOrRows];
 #pragma unroll
     for (int d = 0; d < kOrRing; ++d) {
       if (d < count) load_step(ring_weights[d], ring_scales[d]);
     }
     if (x_row == 0) {
       fill_code_pair_table<T>(or_lut, quant_type);
+      if constexpr (kNested) {  // the code map, and the nested absmax values of the CTA's range (0 past W's)
+        float* code2 = reinterpret_cast<float*>(or_lut + kTcLutBytes);
+        for (int i = threadIdx.x; i < kOrCode2Floats; i += blockDim.x) code2[i] = nested.code2[i];
+        const int64_t first = cta.first * row_scales >> nested.nested_blocksize_log2;
+        const int64_t there = ((rows * row_scales - 1) >> nested.nested_blocksize_log2) + 1 - first;
+        for (int i = threadIdx.x; i < nested_blocks; i += blockDim.x) {
+          code2[kOrCode2Floats + i] = i < there ? nested.absmax2[first + i] : 0.0f;
+        }
+      }
       __syncthreads();
     }
 
@@ -1062,13 +1115,26 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         const int q = q0 + d;
         if (q >= count) break;
         const uint2(&weights)[kOrRows] = ring_weights[d];
-        const float(&scales)[kOrRows] = ring_scales[d];
+        const ScaleWord(&scales)[kOrRows] = ring_scales[d];
 #ifdef NF4_OR_NO_DECODE  // timing build: the stream alone (every loaded value still feeds the result)
         uint32_t bits = 0;
 #pragma unroll
-        for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(scales[r]);
+        for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(float(scales[r]));
         acc[0] += __uint_as_float(bits & 0x3FFFFFFFu);
 #else
+        // The row's scale for this lane's segment (nested: from the code loaded with the weights).
+        int nested_first = 0;  // nested: the step's block index in tile row 0, from the CTA range's first value
+        if constexpr (kNested) {
+          nested_first = nested_phase + tile * kOrRows * row_scales_int + ((s * kOrStep + 64 * g) >> blocksize_log2);
+        }
+        const auto row_scale = [&](int r) -> float {
+          if constexpr (kNested) {
+            const int index = min((nested_first + r * row_scales_int) >> nested.nested_blocksize_log2, nested_blocks - 1);
+            return BlockScales::nested_absmax_value(nested_code2[scales[r]], nested_absmax2[index], nested_offset);
+          } else {
+            return scales[r];
+          }
+        };
         uint32_t x_hi[8], x_lo[8];  // x_lo: fp32 x only (MmaOperand)
         // a half step: zeros past the row's end, whose weights load as zeros too
         one_row_x<T, kHalfStep>(x_lane + int64_t{s} * kOrStep, segment_in_row(s), x_hi, x_lo);
@@ -1088,8 +1154,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
             }
             mma_16816<M>(sums, a, x_hi[2 * j], x_hi[2 * j + 1], sums);
           }
-          acc[2 * mt] = fmaf(scales[2 * mt], odd_column ? sums[1] : sums[0], acc[2 * mt]);
-          acc[2 * mt + 1] = fmaf(scales[2 * mt + 1], odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
+          acc[2 * mt] = fmaf(row_scale(2 * mt), odd_column ? sums[1] : sums[0], acc[2 * mt]);
+          acc[2 * mt + 1] = fmaf(row_scale(2 * mt + 1), odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
         }
 #endif
         if (q + kOrRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
@@ -1229,8 +1295,8 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
-// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x, plain absmax (with split operands nested
-// absmax too, expanded to plain first: plain_scales), whole 512-element steps or
+// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x, plain absmax or nested absmax whose values
+// for a CTA's rows fit its shared memory (kOrNestedMaxBlocks), whole 512-element steps or
 // a last half step per row, W rows that start on absmax block boundaries (its scale addresses step by whole rows
 // of blocks), and enough steps (a half step counted as one) that every warp of the CTA with the fewest rows (one
 // CTA per SM) has kOrMinStepsPerWarp, kOrMinStepsPerWarpSplit with split operands (the smallest fp16 / bf16
@@ -1241,38 +1307,13 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols,
                           bool split_operands) {
   const int min_steps_per_warp = split_operands ? kOrMinStepsPerWarpSplit : kOrMinStepsPerWarp;
-  const int64_t fewest_rows = rows / at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // per CTA
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one CTA per SM
+  const int64_t fewest_rows = rows / sms;  // per CTA
   const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile
-  return x_rows == 1 && (!scales.nested() || split_operands) && cols % (kOrStep / 2) == 0 &&
-         cols % (int64_t{1} << blocksize_log2) == 0 &&
+  const bool nested_fit = !scales.nested() || one_row_nested_blocks(rows, sms, cols >> blocksize_log2,
+                                                                    scales.nested_blocksize_log2) <= kOrNestedMaxBlocks;
+  return x_rows == 1 && nested_fit && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
          (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
-}
-
-// scales.at(block) for every block of W, as plain fp32 absmax.
-__global__ void expand_nested_absmax_kernel(BlockScales scales, int64_t blocks, float* __restrict__ out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < blocks; i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = scales.at(i);
-  }
-}
-
-// The one-row kernel reads plain fp32 absmax. fp32 x with nested absmax would otherwise take the CUDA-core kernel
-// (about bitsandbytes' speed), so a launch first expands the nested scales into `storage`: per block of 64 weights
-// the call then moves 41 bytes (32 packed, 1 code read, 4 written and read again) against 36 on plain absmax, and
-// one launch more (NOTES gemv row 60). Each value is bitsandbytes' nested absmax, as dequantize computes it.
-// Plain scales are returned as they are.
-BlockScales plain_scales(const BlockScales& scales, int64_t rows, int64_t cols, int blocksize_log2,
-                         const at::Tensor& like, at::Tensor& storage, cudaStream_t stream) {
-  if (!scales.nested()) return scales;
-  const int64_t blocks = rows * cols >> blocksize_log2;  // whole blocks: the one-row kernel needs K % blocksize == 0
-  storage = at::empty({blocks}, like.options().dtype(at::kFloat));
-  const int threads = 256;
-  const int64_t most = int64_t{at::cuda::getCurrentDeviceProperties()->multiProcessorCount} * 8;
-  const int grid = static_cast<int>(std::max<int64_t>(1, std::min((blocks + threads - 1) / threads, most)));
-  expand_nested_absmax_kernel<<<grid, threads, 0, stream>>>(scales, blocks, storage.mutable_data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  BlockScales plain;
-  plain.absmax = storage.const_data_ptr<float>();
-  return plain;
 }
 
 // The most rows of fp32 x that take the one-row kernel (ops.h); a tuning build (benchmarks/NOTES.md, gemv row 59)
@@ -1290,25 +1331,35 @@ template <typename T>
 void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                          int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
   TORCH_INTERNAL_ASSERT(x_rows == 1 || (MmaOperand<T>::kSplit && x_rows > 1 && x_rows <= INT32_MAX));
-  const auto launch = [&](auto half_step_constant, auto row_loop_constant) {
+  const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
+  const int nested_blocks = scales.nested() ? static_cast<int>(one_row_nested_blocks(
+                                                  rows, grid, cols >> spec.blocksize_log2, scales.nested_blocksize_log2))
+                                            : 0;
+  TORCH_INTERNAL_ASSERT(nested_blocks <= kOrNestedMaxBlocks);
+  const auto launch = [&](auto half_step_constant, auto row_loop_constant, auto nested_constant) {
     constexpr bool kHalfStep = decltype(half_step_constant)::value;
     constexpr bool kRowLoop = decltype(row_loop_constant)::value;
-    const auto kernel = one_row_gemv_kernel<T, kHalfStep, kRowLoop>;
+    constexpr bool kNested = decltype(nested_constant)::value;
+    const auto kernel = one_row_gemv_kernel<T, kHalfStep, kRowLoop, kNested>;
+    constexpr int kMostSharedBytes = kTcLutBytes + (kNested ? kOrNestedSharedBytes : 0);
     static std::atomic<int64_t> resident[64] = {};  // one cache per instance
-    prepare_kernel(resident, kernel, kOrWarps * 32, kTcLutBytes);
-    const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
-    kernel<<<grid, kOrWarps * 32, kTcLutBytes, stream>>>(
-        x, packed, scales.absmax, spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows), bias,
-        out);
+    prepare_kernel(resident, kernel, kOrWarps * 32, kMostSharedBytes);
+    const int shared_bytes = kTcLutBytes + (kNested ? (kOrCode2Floats + nested_blocks) * 4 : 0);
+    kernel<<<grid, kOrWarps * 32, shared_bytes, stream>>>(x, packed, scales.absmax, spec.quant_type,
+                                                           spec.blocksize_log2, rows, cols, static_cast<int>(x_rows),
+                                                           bias, out, scales, nested_blocks);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  const auto with_half_step = [&](auto row_loop) {
-    cols % kOrStep == 0 ? launch(std::false_type{}, row_loop) : launch(std::true_type{}, row_loop);
+  const auto with_half_step = [&](auto row_loop, auto nested) {
+    cols % kOrStep == 0 ? launch(std::false_type{}, row_loop, nested) : launch(std::true_type{}, row_loop, nested);
+  };
+  const auto with_nested = [&](auto row_loop) {
+    scales.nested() ? with_half_step(row_loop, std::true_type{}) : with_half_step(row_loop, std::false_type{});
   };
   if constexpr (MmaOperand<T>::kSplit) {
-    x_rows > 1 ? with_half_step(std::true_type{}) : with_half_step(std::false_type{});
+    x_rows > 1 ? with_nested(std::true_type{}) : with_nested(std::false_type{});
   } else {
-    with_half_step(std::false_type{});
+    with_nested(std::false_type{});
   }
 }
 
@@ -1401,8 +1452,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
   const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
-  // fp32 x: the one-row kernel (split operands; nested absmax expanded first) where it applies, else the CUDA-core
-  // kernel
+  // fp32 x: the one-row kernel (split operands) where it applies, else the CUDA-core kernel
   const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&
                             one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
   const int64_t fused_max_rows = tensor_cores   ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
@@ -1442,9 +1492,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
         return;
       }
     } else if (one_row_fp32) {  // one launch for every row of x (ops.h, kOneRowFp32RowLimits)
-      at::Tensor expanded;
-      const BlockScales plain = plain_scales(scales, rows, cols, spec.blocksize_log2, out, expanded, stream);
-      launch_one_row_gemv<T>(x_data, bytes, plain, spec, rows, cols, x_rows, bias_data, out_data, stream);
+      launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, x_rows, bias_data, out_data, stream);
       return;
     }
     const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

@@ -90,8 +90,8 @@ def main():
     # (K % 512 == 256), whose upper lanes must read nothing past W's and x's rows; and 2 tiles per CTA (2-3 steps
     # per warp: runs shorter than the ring); and 1 tile per CTA (1-2 steps per warp: fp32 x only, bf16 x takes the
     # tensor-core kernel there). Each with bf16 x and with fp32 x (split into bf16 parts), and 3 rows of fp32 x (one
-    # launch that takes the rows one after another: csrc/ops.h kOneRowFp32RowLimits); fp32 x with nested absmax
-    # too (expanded to plain fp32 by a first launch: csrc/gemv.cu plain_scales).
+    # launch that takes the rows one after another: csrc/ops.h kOneRowFp32RowLimits); and each with nested absmax
+    # (its codes turned into scales from shared-memory tables: csrc/gemv.cu kOrNestedMaxBlocks).
     for tiles_per_cta, one_row_k in ((8, 512 * 17), (8, 512 * 17 - 256), (2, 512 * 17), (1, 512 * 17)):
         one_row_n = (4 * tiles_per_cta - 2) * sms + 7
         for nested in (False, True):

@@ -185,20 +185,25 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 # kernel ran.
 ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
 ONE_ROW_MIN_STEPS_PER_WARP_FP32 = 1  # kOrMinStepsPerWarpSplit: fp32 x has no tensor-core kernel to keep small layers
+ONE_ROW_NESTED_MAX_BLOCKS = 4096  # kOrNestedMaxBlocks: the nested absmax values a CTA holds in shared memory
 
 
 def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
     return ONE_ROW_MIN_STEPS_PER_WARP_FP32 if dtype == torch.float32 else ONE_ROW_MIN_STEPS_PER_WARP
 
 
-def one_row_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool, dtype=torch.bfloat16) -> bool:
+def one_row_kernel_takes(
+    shape: tuple[int, int], blocksize: int, nested: bool, dtype=torch.bfloat16, nested_blocksize: int = 256
+) -> bool:
     """Whether one row of x (fp16, bf16 or fp32) on this W takes the one-row kernel (csrc/gemv.cu
     one_row_gemv_applies, on this GPU's SM count), for tests that must know which kernel a call takes. Nested
-    absmax: fp32 x only (expanded to plain first)."""
+    absmax: where a CTA's nested absmax values fit its shared memory (one_row_nested_blocks <= kOrNestedMaxBlocks)."""
     n, k = shape
-    fewest_rows = n // torch.cuda.get_device_properties(0).multi_processor_count  # per CTA, one CTA per SM
+    sms = torch.cuda.get_device_properties(0).multi_processor_count  # one CTA per SM
+    fewest_rows = n // sms  # per CTA
     steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * -(-k // 512)  # a last half step (K % 512 == 256) counts as one
-    return ((not nested or dtype == torch.float32) and k % 256 == 0 and k % blocksize == 0
+    nested_blocks = -(-n // sms) * (k // blocksize) // nested_blocksize + 2
+    return ((not nested or nested_blocks <= ONE_ROW_NESTED_MAX_BLOCKS) and k % 256 == 0 and k % blocksize == 0
             and steps >= one_row_min_steps_per_warp(dtype) * ONE_ROW_WARPS)  # fmt: skip
 
 
@@ -327,40 +332,56 @@ def test_gemv_fp32_rows(steps, half_step, steps_per_warp):
         assert_gemv_close(out, x[:rows], packed, args, bias)
 
 
-# (steps per tile, last step a half step, blocksize, quant_type, steps per warp): fp32 x with nested absmax on a W
-# that the one-row kernel takes, at blocksizes of one segment and of a whole step, rows ending in a half step, and
-# fp32's minimum of 1 step per warp.
-ONE_ROW_FP32_NESTED_CASES = [(17, False, 64, "nf4", 8), (11, True, 128, "fp4", 2), (10, False, 512, "nf4", 1)]
+# (steps per tile, last step a half step, blocksize, quant_type, steps per warp, x's dtype): nested absmax on a W that
+# the one-row kernel takes, at blocksizes of one segment, of two and of a whole step, rows ending in a half step,
+# and the kernel's minimum of 2 steps per warp (1 with fp32 x).
+ONE_ROW_NESTED_CASES = [
+    (17, False, 64, "nf4", 8, torch.bfloat16),
+    (11, True, 128, "fp4", 2, torch.float16),
+    (10, False, 512, "nf4", 2, torch.bfloat16),
+    (17, False, 64, "nf4", 8, torch.float32),
+    (11, True, 128, "fp4", 2, torch.float32),
+    (10, False, 512, "nf4", 1, torch.float32),
+]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("nested_blocksize", [256, 32], ids=["nbs256", "nbs32"])
 @pytest.mark.parametrize(
-    "case", ONE_ROW_FP32_NESTED_CASES, ids=lambda c: f"steps{c[0]}{'-half' if c[1] else ''}-bs{c[2]}-{c[3]}-{c[4]}perwarp"
+    "case",
+    ONE_ROW_NESTED_CASES,
+    ids=lambda c: f"steps{c[0]}{'-half' if c[1] else ''}-bs{c[2]}-{c[3]}-{c[4]}perwarp-{dtype_id(c[5])}",
 )
-def test_gemv_fp32_nested_one_row(case):
-    """fp32 x with nested absmax takes the one-row kernel after a launch that expands the nested absmax to plain
-    fp32 (csrc/gemv.cu plain_scales), at one row and at 3: within the tolerance rule, each row the same bits as that
-    row alone and on every run, and the same bits as the one-row kernel on the plain absmax that the nested values
-    stand for (nf4_ops.reference.absmax_reference: bitsandbytes' nested math, two roundings, as dequantize's)."""
-    steps, half_step, blocksize, quant_type, steps_per_warp = case
+def test_gemv_nested_one_row(case, nested_blocksize):
+    """Nested absmax on the one-row kernel (its codes loaded with the weights, turned into scales from shared-memory
+    tables: csrc/gemv.cu kOrNestedMaxBlocks), at one row and, for fp32 x, at 3: within the tolerance rule, each row
+    the same bits as that row alone and on every run, and the same bits as the one-row kernel on the plain absmax
+    that the nested values stand for (nf4_ops.reference.absmax_reference: bitsandbytes' nested math, two roundings,
+    as dequantize's)."""
+    steps, half_step, blocksize, quant_type, steps_per_warp, dtype = case
     shape = one_row_shape(steps, half_step, steps_per_warp)
-    assert one_row_kernel_takes(shape, blocksize, True, torch.float32)
+    assert one_row_kernel_takes(shape, blocksize, True, dtype, nested_blocksize)
     packed, args = weight_on("cuda", shape, quant_type, blocksize, True)
-    assert args["nested_absmax"] is not None
-    x = random_x((3, shape[1]), torch.float32, "cuda")
-    bias = random_x((shape[0],), torch.float32, "cuda", seed=9)
-    # the plain absmax that the nested one stands for, from the oracle's own nested math
+    # bitsandbytes quantizes the absmax in blocks of 256; other nested blocksizes are valid op input too (the nested
+    # absmax values are taken as they are), so the test re-blocks the same codes with one value per 32 blocks, which
+    # does not divide a row's blocks (the CTAs' ranges and the rows then start anywhere in a nested block)
+    if nested_blocksize != 256:
+        blocks = args["absmax"].numel()
+        generator = torch.Generator().manual_seed(11)
+        args["nested_absmax"] = (torch.rand(-(-blocks // nested_blocksize), generator=generator) + 0.5).cuda()
+        args["nested_blocksize"] = nested_blocksize
+    x = random_x((3, shape[1]), dtype, "cuda")
+    bias = random_x((shape[0],), dtype, "cuda", seed=9)
     plain_absmax = absmax_reference(args["absmax"], args["nested_absmax"], args["nested_code"], args["nested_offset"],
                                     args["nested_blocksize"])
     plain_args = {name: args[name] for name in ("blocksize", "quant_type", "shape")} | {"absmax": plain_absmax}
-    for rows in (1, 3):
+    for rows in (1, 3) if dtype == torch.float32 else (1,):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
-        assert sum("expand_nested_absmax_kernel" in name for name in names) == 1, names
         assert sum("one_row_gemv_kernel" in name for name in names) == 1, names
-        assert not any("fused_gemv_kernel" in name or "dequantize" in name for name in names), names
+        assert sum("gemv_kernel" in name for name in names) == 1 and not any("dequantize" in n for n in names), names
         assert_gemv_close(out, x[:rows], packed, args, bias)
         assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **plain_args), out)
         assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args), out)  # the same bits every run
