@@ -158,7 +158,17 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
             lambda p, s: nf4_ops.dequantize(p, s, torch.bfloat16), quantized
         )
         row.times_us[f"bnb_dequant_{tag}"] = graph_median_us(lambda p, s: bnbf.dequantize_4bit(p, s), quantized)
-        if nested:
+        if nested:  # one row of bf16 x on nested absmax (bnb_4bit_use_double_quant), against bitsandbytes' too
+            count = copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, 1))
+            quantized = quantized[:count] + [
+                bnbf.quantize_4bit(weight, blocksize=BLOCKSIZE, compress_statistics=True, quant_type=QUANT_TYPE)
+                for _ in range(count - len(quantized))
+            ]
+            x = torch.randn(1, layer.k, device="cuda", dtype=torch.bfloat16)
+            row.times_us["nf4ops_gemv_M1_nested"] = graph_median_us(lambda p, s: nf4_ops.gemv(x, p, s), quantized)
+            row.times_us["bnb_gemv_M1_nested"] = graph_median_us(
+                lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s), quantized
+            )
             continue
         for rows in row_counts:
             count = copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, rows))

@@ -74,6 +74,8 @@ def gemv_table(results: dict) -> str:
     with_bnb_fp32 = "bnb_gemv_M1_fp32x" in first  # older results timed only nf4-ops on fp32 x
     header += [f"M={row_counts[-1]} time / M=1 time"] * with_growth + ["M=1 µs, fp32 x"] * with_fp32
     header += ["M=1 fp32 x vs bnb"] * with_bnb_fp32
+    with_nested = "nf4ops_gemv_M1_nested" in first  # older results timed plain absmax only
+    header += ["M=1 µs, nested absmax", "M=1 nested vs bnb"] * with_nested
     lines = [_row(header), _row(["---"] * len(header))]
     for r in results["rows"]:
         lay, t = r["layer"], r["times_us"]
@@ -89,6 +91,9 @@ def gemv_table(results: dict) -> str:
             cells.append(f"{t['nf4ops_gemv_M1_fp32x']:.1f}")
         if with_bnb_fp32:
             cells.append(f"{t['bnb_gemv_M1_fp32x'] / t['nf4ops_gemv_M1_fp32x']:.2f}x")
+        if with_nested:
+            nested = t["nf4ops_gemv_M1_nested"]
+            cells += [f"{nested:.1f}", f"{t['bnb_gemv_M1_nested'] / nested:.2f}x"]
         lines.append(_row(cells))
     return "\n".join(lines)
 
