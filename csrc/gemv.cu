@@ -815,7 +815,7 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// One-row path (one row of x, plain absmax, K % 256 == 0, W rows starting on absmax block boundaries
+// One-row path (one row of x, plain or nested absmax, K % 256 == 0, W rows starting on absmax block boundaries
 // (K % blocksize == 0), sm_80+, at least kOrMinStepsPerWarp steps per warp): no shared-memory staging.
 // Each lane loads its own weight bytes and scales straight into registers, kOrDepth steps ahead of the step
 // it decodes, so a warp keeps kOrDepth x kOrRows x 256 bytes in flight
