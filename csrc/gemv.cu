@@ -1130,7 +1130,11 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         const auto row_scale = [&](int r) -> float {
           if constexpr (kNested) {
             const int index = min((nested_first + r * row_scales_int) >> nested.nested_blocksize_log2, nested_blocks - 1);
-            return BlockScales::nested_absmax_value(nested_code2[scales[r]], nested_absmax2[index], nested_offset);
+            const float value = BlockScales::nested_absmax_value(nested_code2[scales[r]], nested_absmax2[index],
+                                                                 nested_offset);
+            // a half step's upper lanes lie past the row, in the next row's blocks: zero, as plain absmax loads
+            // there, so that no value of the next row's (an Inf) reaches this row's sum
+            return segment_in_row(s) ? value : 0.0f;
           } else {
             return scales[r];
           }
@@ -1332,10 +1336,11 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
                          int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
   TORCH_INTERNAL_ASSERT(x_rows == 1 || (MmaOperand<T>::kSplit && x_rows > 1 && x_rows <= INT32_MAX));
   const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
-  const int nested_blocks = scales.nested() ? static_cast<int>(one_row_nested_blocks(
-                                                  rows, grid, cols >> spec.blocksize_log2, scales.nested_blocksize_log2))
-                                            : 0;
-  TORCH_INTERNAL_ASSERT(nested_blocks <= kOrNestedMaxBlocks);
+  const int64_t nested_count =
+      scales.nested() ? one_row_nested_blocks(rows, grid, cols >> spec.blocksize_log2, scales.nested_blocksize_log2)
+                      : 0;
+  TORCH_INTERNAL_ASSERT(nested_count <= kOrNestedMaxBlocks);  // one_row_gemv_applies' rule
+  const int nested_blocks = static_cast<int>(nested_count);
   const auto launch = [&](auto half_step_constant, auto row_loop_constant, auto nested_constant) {
     constexpr bool kHalfStep = decltype(half_step_constant)::value;
     constexpr bool kRowLoop = decltype(row_loop_constant)::value;

@@ -391,13 +391,37 @@ def test_gemv_nested_one_row(case, nested_blocksize):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
+    """Rows that end in a half step (K % 512 == 256): the upper lanes of a row's last step lie in the next row's
+    blocks, and on nested absmax the one-row kernel must not let the next row's scale reach this row's sum. With
+    K = 5376, blocksize 128 (42 blocks a row) and nested blocks of 32, nested block 21 holds blocks 672-703, all of
+    row 16 and the first of them where row 15's last step overruns; an Inf there must leave every other row's output
+    as it was, bit for bit (row 16 itself turns non-finite, as its scales are)."""
+    shape = one_row_shape(11, True, 2)
+    assert shape[1] == 5376 and one_row_kernel_takes(shape, 128, True, dtype, 32)
+    packed, args = weight_on("cuda", shape, "nf4", 128, True)
+    blocks = args["absmax"].numel()
+    generator = torch.Generator().manual_seed(12)
+    args["nested_absmax"] = (torch.rand(-(-blocks // 32), generator=generator) + 0.5).cuda()
+    args["nested_blocksize"] = 32
+    x = random_x((1, shape[1]), dtype, "cuda")
+    finite = torch.ops.nf4.gemv(x, packed, **args)
+    args["nested_absmax"][21] = float("inf")
+    with_inf = torch.ops.nf4.gemv(x, packed, **args)
+    others = torch.arange(shape[0], device="cuda") != 16
+    assert torch.isfinite(finite).all() and not torch.isfinite(with_inf[0, 16])
+    assert torch.equal(with_inf[:, others], finite[:, others])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 def test_gemv_tensor_core_launches(nested, dtype):
     """More rows of x than one tensor-core launch takes (16), on a W large enough for several launches
     (csrc/ops.h, kTensorCoreGemvRowLimits*: up to 32 or 48 rows from 16 MiB of packed W, by the GPU's memory):
     every launch's rows equal that launch made alone, bit for bit (a last launch of one row takes the one-row
-    kernel where a one-row call on this W does: plain absmax, on an H100 or H200), and past every table's limit
+    kernel where a one-row call on this W does, plain or nested absmax, on an H100 or H200), and past every table's limit
     for this size (65 rows) the call takes dequantize + cuBLAS."""
     shape = (8200, 4096)  # 16.02 MiB packed
     packed, args = weight_on("cuda", shape, "nf4", 64, nested)
