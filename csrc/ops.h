@@ -125,15 +125,17 @@ constexpr GemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
 //    where it fits there), up to these many rows by the size of W, then dequantize + cuBLAS (the CUDA-core kernel,
 //    which the other fp32 cases keep, costs about a weight read per row of x and was 2x slower than dequantize +
 //    cuBLAS at 8 rows on Llama's gate/up and q). Each limit is the most rows through which the launch was faster
-//    than dequantize + cuBLAS in fp32 (and than bitsandbytes, which does the same there), measured on an H100 at
-//    1-12, 14, 16, 20, 24 and 32 rows (NOTES gemv row 59; cuBLAS's fp32 time jumps between row counts, so a limit
-//    is where the launch stays ahead, not where the two cross first):
+//    than dequantize + cuBLAS in fp32 (and than bitsandbytes, which does the same there) on plain and on nested
+//    absmax, measured on an H100 at 1-12, 14, 16, 20, 24 and 32 rows (plain) and 4-10, 12 and 16 (nested) (NOTES gemv
+//    rows 59 and 62; cuBLAS's fp32 time jumps between row counts, so a limit is where the launch stays ahead, not
+//    where the two cross first):
 constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
-    {0, 8},   // Qwen's k/v (2.5 MiB): 35.9 us against 37.3 at 8 rows; at 9 dense 21% faster
-    {4, 16},  // Llama's k/v (4 MiB): ahead through 16 rows (71.5 us against 84.6); at 20 dense 42% faster
-    {5, 8},   // Gemma's k/v (5.25 MiB): 52.8 us against 76.5 at 8 rows; even at 9, dense faster at 10-11
-    {8, 9},   // Gemma's q (10.5 MiB), Qwen's q (20 MiB), Llama's q (32 MiB) and gate/up (112 MiB): ahead through 9
-              // (4-19%); at 10 Gemma's q 5% behind, at 11 all of them
+    {0, 7},   // Qwen's k/v (2.5 MiB): nested 35.7 us against 41.7 at 7 rows, 5% behind at 8 (plain 4% ahead there)
+    {4, 16},  // Llama's k/v (4 MiB): ahead through 16 rows (plain 71.5 us against 84.6, nested 79.0 against 84.5)
+    {5, 8},   // Gemma's k/v (5.25 MiB) and q (10.5 MiB): ahead through 8 (k/v 56.6 us against 76.4 nested); at 9
+              // Gemma's q nested 3% behind (plain 4% ahead), its k/v even (plain) or 9% behind (nested)
+    {16, 9},  // Qwen's q (20 MiB), Llama's q (32 MiB) and gate/up (112 MiB): ahead through 9 (4-19%), at 10 about
+              // even or behind, at 11 all of them behind
 };
 
 // The max_rows of the last limit whose min_packed_mib the packed W reaches.

@@ -298,22 +298,24 @@ def test_gemv_one_row_kernel(case):
 
 # csrc/ops.h kOneRowFp32RowLimits: fp32 x on a W that the one-row kernel takes runs one launch of it that takes the
 # rows of x one after another, up to these many rows by the packed W's size in MiB, then dequantize + cuBLAS.
-ONE_ROW_FP32_ROW_LIMITS = [(0, 8), (4, 16), (5, 8), (8, 9)]
+ONE_ROW_FP32_ROW_LIMITS = [(0, 7), (4, 16), (5, 8), (16, 9)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize(
     "steps, half_step, steps_per_warp", [(17, False, 8), (10, False, 1), (11, True, 2)], ids=["16.5MiB", "2MiB", "half"]
 )
-def test_gemv_fp32_rows(steps, half_step, steps_per_warp):
+def test_gemv_fp32_rows(steps, half_step, steps_per_warp, nested):
     """fp32 x of several rows on the one-row kernel: one launch for all of them, each row the same bits as that
     row alone, up to the limit for this size of W; one row more takes dequantize + cuBLAS. Rows that end in a half
-    step (K % 512 == 256) too, where a row's upper lanes must not read into the next row of x."""
+    step (K % 512 == 256) too, where a row's upper lanes must not read into the next row of x; plain and nested
+    absmax."""
     shape = one_row_shape(steps, half_step, steps_per_warp)
-    assert one_row_kernel_takes(shape, 64, False, torch.float32)
+    assert one_row_kernel_takes(shape, 64, nested, torch.float32)
     packed_mib = shape[0] * shape[1] // 2 // 2**20
     limit = [rows for min_mib, rows in ONE_ROW_FP32_ROW_LIMITS if packed_mib >= min_mib][-1]
-    packed, args = weight_on("cuda", shape, "nf4", 64, False)
+    packed, args = weight_on("cuda", shape, "nf4", 64, nested)
     x = random_x((limit + 1, shape[1]), torch.float32, "cuda")
     bias = random_x((shape[0],), torch.float32, "cuda", seed=8)
     for rows in (2, limit, limit + 1):
