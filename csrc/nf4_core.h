@@ -100,25 +100,41 @@ NF4_HD int log2_exact(int64_t power_of_two) {
   return log2;
 }
 
+// How dequantize_elements builds a block's 16 values and whether it hands whole runs of 64 elements to a vector
+// kernel. This default: the scalar loop for both (a vector policy must produce the same bits: dequantize_cpu.cpp).
+struct ScalarBlocks {
+  static constexpr bool kRuns64 = false;
+  template <typename OutT, typename Convert>
+  void values(const CodeTable& table, float scale, Convert convert, OutT (&value)[16]) const {
+    for (int nibble = 0; nibble < 16; ++nibble) {
+      value[nibble] = convert(dequantize_value(table, static_cast<uint8_t>(nibble), scale));
+    }
+  }
+  template <typename OutT>
+  void run64(const uint8_t*, const OutT (&)[16], OutT*) const {}
+};
+
 // Dequantizes flat elements [begin, end) into out[0 .. end-begin), converting each fp32 value with
 // `convert` (round to nearest even for fp16/bf16). Per block, the scale is fetched once and the 16 values a
 // nibble can stand for are computed and converted once (code * scale rounded once, then converted: what each
-// element would get on its own), so each element is one lookup, two per packed byte.
-template <typename OutT, typename Convert>
+// element would get on its own), so each element is one lookup, two per packed byte. `blocks` may build the 16
+// values and take whole runs of 64 elements (32 packed bytes) inside a block with vector code instead.
+template <typename OutT, typename Convert, typename Blocks = ScalarBlocks>
 inline void dequantize_elements(const uint8_t* packed, const BlockScales& scales, const CodeTable& table,
-                                int blocksize_log2, int64_t begin, int64_t end, OutT* out, Convert convert) {
+                                int blocksize_log2, int64_t begin, int64_t end, OutT* out, Convert convert,
+                                Blocks blocks = {}) {
   int64_t e = begin;
   OutT* o = out;
   while (e < end) {
     const int64_t block = e >> blocksize_log2;
     const int64_t block_end_raw = (block + 1) << blocksize_log2;
     const int64_t block_end = block_end_raw < end ? block_end_raw : end;
-    const float scale = scales.at(block);
     OutT value[16];
-    for (int nibble = 0; nibble < 16; ++nibble) {
-      value[nibble] = convert(dequantize_value(table, static_cast<uint8_t>(nibble), scale));
-    }
+    blocks.values(table, scales.at(block), convert, value);
     if ((e & 1) != 0) *o++ = value[nibble_at(packed, e++)];  // a low nibble starts the range
+    if constexpr (Blocks::kRuns64) {
+      for (; e + 64 <= block_end; e += 64, o += 64) blocks.run64(packed + (e >> 1), value, o);
+    }
     for (; e + 1 < block_end; e += 2) {
       const uint8_t byte = packed[e >> 1];
       o[0] = value[nibble_of_byte(byte, 0)];

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import struct
 
 import pytest
 import torch
@@ -153,3 +154,38 @@ def test_out_variant_writes_the_callers_buffer(nested, dtype, device):
     assert out.data_ptr() == address
     assert_bits_equal(out, torch.ops.nf4.dequantize(packed, dtype=dtype, **nf4_ops.quant_state_args(state)))
     assert nf4_ops.dequantize(packed, state, out=out) is out
+
+
+def float_of_bits(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
+# Scales at the edges of the conversions to the output dtype: Inf, NaN, -0.0, fp32 subnormals, values whose
+# products are fp16 subnormals or round to 0 there, fp16 overflow, bf16 rounding up to Inf, an ordinary one; and
+# ties, which the codes +-1.0 (in both tables) carry into the products unchanged: bf16 ties with the kept bit odd
+# and even and just past a tie (0x3F818000, 0x3F808000, 0x3F808001), fp16 ties both ways (0x3F803000, 0x3F801000).
+EDGE_SCALES = [1.0, float("inf"), float("nan"), -0.0, 1e-41, 3e-8, 1e-5, -7e4, 1e5, 3.4e38, -2.5] + [
+    float_of_bits(bits) for bits in (0x3F818000, 0x3F808000, 0x3F808001, 0x3F803000, 0x3F801000)
+]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("blocksize", [64, 256], ids=lambda b: f"bs{b}")
+@pytest.mark.parametrize("quant_type", QUANT_TYPES)
+def test_edge_scales_bit_exact_cpu(quant_type, blocksize, dtype):
+    """The CPU kernel (on AVX-512 machines its vector path: each block's 16 values converted by one vector
+    conversion, whole runs of 64 elements by table permutes) gives every bit of the reference's conversions
+    (torch's own fp32 -> fp16 / bf16) for scales at the edges of the output dtype; NaN where the reference has NaN
+    (NaN's own bits differ between conversions: torch's vector bf16 conversion gives 0xFFFF, c10's scalar one 0x7FC0)."""
+    shape = (24, 512)
+    generator = torch.Generator().manual_seed(5)
+    packed = torch.randint(0, 256, (shape[0] * shape[1] // 2,), generator=generator, dtype=torch.uint8)
+    blocks = shape[0] * shape[1] // blocksize
+    absmax = torch.tensor(EDGE_SCALES * (blocks // len(EDGE_SCALES) + 1), dtype=torch.float32)[:blocks]
+    args = dict(absmax=absmax, blocksize=blocksize, quant_type=quant_type, shape=list(shape))
+    out = torch.ops.nf4.dequantize(packed, dtype=dtype, **args)
+    expected = dequantize_reference(packed, dtype=dtype, **args)
+    nan = expected.isnan()
+    assert nan.any() and torch.equal(out.isnan(), nan)
+    assert_bits_equal(out[~nan], expected[~nan])
+
