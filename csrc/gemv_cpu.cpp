@@ -1,15 +1,48 @@
-// nf4::gemv on the CPU. Few rows: each W row is dequantized once to fp32 and dotted with every x row,
-// accumulating in fp32. Many rows: W is dequantized once and the dense CPU matmul does the rest.
+// nf4::gemv on the CPU. Few rows: each W row is dequantized once to fp32 (on AVX-512 CPUs by the vector block
+// policy, cpu_vector.h) and dotted with every x row, accumulating in fp32. Many rows: W is dequantized once and
+// the dense CPU matmul does the rest.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <vector>
 
+#include "cpu_vector.h"
 #include "ops.h"
 
 namespace nf4 {
 namespace {
+
+// Rows [row_begin, row_end) of out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), all in fp32; x is [M, K].
+template <typename scalar_t, typename Blocks = ScalarBlocks>
+void fused_gemv_rows(const uint8_t* bytes, const BlockScales& scales, const CodeTable& table, int blocksize_log2,
+                     int64_t rows, int64_t cols, const float* x, int64_t x_rows, const float* bias_f32,
+                     int64_t row_begin, int64_t row_end, scalar_t* out) {
+  std::vector<float> w_row(cols);
+  for (int64_t n = row_begin; n < row_end; ++n) {
+    dequantize_elements(bytes, scales, table, blocksize_log2, n * cols, (n + 1) * cols, w_row.data(),
+                        [](float v) { return v; }, Blocks{});
+    for (int64_t m = 0; m < x_rows; ++m) {
+      float acc = dot_f32(x + m * cols, w_row.data(), cols);
+      if (bias_f32 != nullptr) acc += bias_f32[n];
+      out[m * rows + n] = static_cast<scalar_t>(acc);
+    }
+  }
+}
+
+#ifdef NF4_CPU_AVX512
+// The same rows compiled for AVX-512: the row decode takes the vector block policy (cpu_vector.h), the same bits;
+// the dot product keeps its order (8 interleaved partial sums, no contraction: -ffp-contract=off), so the result
+// is the same bits as on the scalar path.
+template <typename scalar_t>
+NF4_AVX512_TARGET void fused_gemv_rows_avx512(const uint8_t* bytes, const BlockScales& scales, const CodeTable& table,
+                                              int blocksize_log2, int64_t rows, int64_t cols, const float* x,
+                                              int64_t x_rows, const float* bias_f32, int64_t row_begin,
+                                              int64_t row_end, scalar_t* out) {
+  fused_gemv_rows<scalar_t, Avx512Blocks>(bytes, scales, table, blocksize_log2, rows, cols, x, x_rows, bias_f32,
+                                          row_begin, row_end, out);
+}
+#endif
 
 // out[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), all in fp32; x_f32 is [M, K] contiguous.
 template <typename scalar_t>
@@ -17,22 +50,15 @@ void fused_gemv_cpu(const WeightSpec& spec, const uint8_t* bytes, const BlockSca
                     const at::Tensor& x_f32, const float* bias_f32, scalar_t* out) {
   const int64_t rows = spec.rows.expect_int();
   const int64_t cols = spec.cols.expect_int();
-  const int64_t x_rows = x_f32.size(0);
-  const float* x = x_f32.const_data_ptr<float>();
   const CodeTable table = code_table(spec.quant_type);
   const int64_t grain_rows = std::max<int64_t>(1, at::internal::GRAIN_SIZE / cols);
-
+  auto rows_kernel = fused_gemv_rows<scalar_t>;
+#ifdef NF4_CPU_AVX512
+  if (cpu_has_avx512()) rows_kernel = fused_gemv_rows_avx512<scalar_t>;
+#endif
   at::parallel_for(0, rows, grain_rows, [&](int64_t row_begin, int64_t row_end) {
-    std::vector<float> w_row(cols);
-    for (int64_t n = row_begin; n < row_end; ++n) {
-      dequantize_elements(bytes, scales, table, spec.blocksize_log2, n * cols, (n + 1) * cols, w_row.data(),
-                          [](float v) { return v; });
-      for (int64_t m = 0; m < x_rows; ++m) {
-        float acc = dot_f32(x + m * cols, w_row.data(), cols);
-        if (bias_f32 != nullptr) acc += bias_f32[n];
-        out[m * rows + n] = static_cast<scalar_t>(acc);
-      }
-    }
+    rows_kernel(bytes, scales, table, spec.blocksize_log2, rows, cols, x_f32.const_data_ptr<float>(), x_f32.size(0),
+                bias_f32, row_begin, row_end, out);
   });
 }
 
