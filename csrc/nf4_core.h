@@ -101,7 +101,7 @@ NF4_HD int log2_exact(int64_t power_of_two) {
 }
 
 // How dequantize_elements builds a block's 16 values and whether it hands whole runs of 64 elements to a vector
-// kernel. This default: the scalar loop for both (a vector policy must produce the same bits: dequantize_cpu.cpp).
+// kernel. This default: the scalar loop for both (a vector policy must produce the same bits: cpu_vector.h).
 struct ScalarBlocks {
   static constexpr bool kRuns64 = false;
   template <typename OutT, typename Convert>
