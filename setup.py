@@ -13,7 +13,7 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0"
 CSRC = Path("csrc")
 CPU_SOURCES = ["registration.cpp", "checks.cpp", "dequantize_cpu.cpp", "gemv_cpu.cpp"]
-CUDA_SOURCES = ["dequantize.cu", "gemv.cu"]
+CUDA_SOURCES = ["dequantize.cu", "gemv.cu", "gemv_many_rows.cu"]
 
 # bitsandbytes rounds the nested absmax twice (multiply, then add): no fused multiply-add on the host.
 # -fopenmp: torch's CPU build runs at::parallel_for on OpenMP, and its header runs the loop on one thread

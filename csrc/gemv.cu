@@ -21,6 +21,8 @@
 #include <type_traits>
 
 #include "cuda_types.cuh"
+#include "launch_cache.h"
+#include "mma_sync.cuh"
 #include "ops.h"
 
 namespace nf4 {
@@ -191,62 +193,6 @@ template <>
 __device__ __forceinline__ uint16_t bits_of<__half>(__half v) { return __half_as_ushort(v); }
 template <>
 __device__ __forceinline__ uint16_t bits_of<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
-
-// D = A * B + C for one m16n8k16 tile, fp32 accumulators.
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                          const float (&c)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%11,%12,%13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-          "f"(c[3]));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%11,%12,%13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-          "f"(c[3]));
-  }
-#else
-  __trap();  // the host launches this path only on sm_80 or newer
-#endif
-}
-
-// cp.async: copies kBytes (4, 8 or 16) from global to shared memory without registers, src_bytes of them
-// read and the rest zero-filled; 16-byte copies bypass L1, so that x, which every warp rereads, stays there.
-template <int kBytes>
-__device__ __forceinline__ void copy_async(uint32_t shared_dst, const void* src, uint32_t src_bytes = kBytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_dst), "l"(src), "r"(src_bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(shared_dst), "l"(src), "n"(kBytes),
-                 "r"(src_bytes)
-                 : "memory");
-  }
-#else
-  __trap();  // the host launches this path only on sm_80 or newer
-#endif
-}
-
-// Closes this thread's group of copies (an empty group when it issued none).
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Waits until at most kPending of this thread's groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void copy_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
 
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
 // shared-memory address (a shared-window address, so that the load can add it as a uniform register).
@@ -1205,30 +1151,6 @@ bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, 
          tensor_core_layout_fits(x_2d, packed_bytes, scales, spec, cols);
 }
 
-// compute(device) for the current device, computed once per device (up to 64 devices; more are recomputed
-// every call) and kept in `cache`; compute must return a positive value.
-template <typename Compute>
-int64_t once_per_device(std::atomic<int64_t> (&cache)[64], Compute compute) {
-  const int device = at::cuda::current_device();
-  if (device < 64 && cache[device].load() > 0) return cache[device].load();
-  const int64_t value = compute(device);
-  if (device < 64) cache[device].store(value);
-  return value;
-}
-
-// Allows `kernel` its dynamic shared memory on the current device and returns how many of its CTAs fit on
-// one SM there; done once per device and kernel (`resident` is the kernel's own cache).
-template <typename Kernel>
-int prepare_kernel(std::atomic<int64_t> (&resident)[64], Kernel kernel, int threads, int shared_bytes) {
-  return static_cast<int>(once_per_device(resident, [&](int) -> int64_t {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-    int ctas = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, shared_bytes));
-    TORCH_CHECK(ctas > 0, "nf4::gemv: a kernel does not fit on this GPU's SMs");
-    return ctas;
-  }));
-}
-
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 int prepare_tc_kernel() {
   static std::atomic<int64_t> resident[64] = {};
@@ -1460,7 +1382,11 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   // fp32 x: the one-row kernel (split operands) where it applies, else the CUDA-core kernel
   const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&
                             one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
-  const int64_t fused_max_rows = tensor_cores   ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
+  // fp16 / bf16 x of more than one launch's rows: the many-rows kernel up to its limit (ops.h)
+  const bool many_rows = tensor_cores && x_rows > kTensorCoreGemvLaunchRows &&
+                         x_rows <= many_rows_gemv_max_rows(rows, cols) && many_rows_gemv_fits();
+  const int64_t fused_max_rows = many_rows      ? x_rows
+                                 : tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
                                  : one_row_fp32 ? one_row_fp32_max_rows(rows, cols)
                                                 : kFusedGemvMaxRows;
   if (x_rows > fused_max_rows) {
@@ -1472,6 +1398,10 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   at::Tensor out = at::empty({x_rows, rows}, x.options());
   if (x_rows == 0 || rows == 0) return out.reshape_symint(out_shape);
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  if (many_rows) {
+    launch_many_rows_gemv(x_2d, bytes, scales, spec, bias_c, out);
+    return out.reshape_symint(out_shape);
+  }
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   NF4_DISPATCH_FLOAT_TYPES(x.scalar_type(), "nf4::gemv", [&] {

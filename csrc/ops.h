@@ -79,6 +79,11 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS);
 at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS);
 void dequantize_out_cuda(NF4_DEQUANTIZE_PARAMS, at::Tensor& out);
 at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
+// The many-rows kernel (csrc/gemv_many_rows.cu): whether this GPU has its shared memory, and one call of it on
+// fp16 / bf16 x_2d (whose layout tensor_core_gemv_applies accepted) into `out` [x rows, N].
+bool many_rows_gemv_fits();
+void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const BlockScales& scales,
+                           const WeightSpec& spec, const at::Tensor& bias, at::Tensor& out);
 
 // The crossover between gemv's fused kernels and dequantize + dense matmul (cuBLAS on CUDA, at::linear
 // on the CPU): above these many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
@@ -147,6 +152,22 @@ int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64
     if (packed_mib >= limit.min_packed_mib) max_rows = limit.max_rows;
   }
   return max_rows;
+}
+
+//  - the many-rows kernel (csrc/gemv_many_rows.cu: fp16 / bf16 x where the tensor-core kernel's layout fits, and
+//    its 130 KB of shared memory per block): a call of more than kTensorCoreGemvLaunchRows rows of x, up to these
+//    many, takes one launch of it, which decodes W once per 32 or 64 rows of x (to x's dtype, as dequantize does)
+//    and multiplies on tensor cores; then, up to kTensorCoreGemvRowLimits, launches of 16 rows; then dequantize +
+//    cuBLAS. A tuning build may set one limit for every W with -DNF4_MANY_ROWS_MAX_ROWS=n.
+constexpr GemvRowLimit kManyRowsGemvRowLimits[] = {
+    {0, 0},  // not yet measured: off
+};
+inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols) {
+#ifdef NF4_MANY_ROWS_MAX_ROWS
+  return NF4_MANY_ROWS_MAX_ROWS;
+#else
+  return gemv_row_limit(kManyRowsGemvRowLimits, rows, cols);
+#endif
 }
 
 inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {

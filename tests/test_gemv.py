@@ -449,6 +449,30 @@ def test_gemv_tensor_core_launches(nested, dtype):
     assert_gemv_close(out, x, packed, args, bias)
 
 
+# The many-rows kernel (csrc/gemv_many_rows.cu): CTA tiles of 256 W rows by 32 (up to 32 rows of x) or 64 rows of
+# x, K in steps of 64. "one_split": K = 512 (8 steps) is too short to split, so each CTA writes its outputs, with a
+# last tile of 216 rows (its other 40 copy nothing). "k_splits": 2 tiles of 256 rows (the last of 44) leave most
+# SMs idle, so K (80 steps) is split (kMrMinStepsPerSplit = 8 steps each) and a second kernel adds the splits'
+# fp32 parts in order. Row counts: 32 and 64 fill a tile of x, 17 / 33 / 100 leave tiles part empty, 130 takes
+# three tiles of 64.
+MANY_ROWS_SHAPES = {"one_split": ((256 * 3 - 40, 512), 64), "k_splits": ((300, 256 * 20), 128)}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("shape_name", list(MANY_ROWS_SHAPES))
+def test_gemv_many_rows(shape_name, nested, dtype):
+    shape, blocksize = MANY_ROWS_SHAPES[shape_name]
+    packed, args = weight_on("cuda", shape, "fp4" if nested else "nf4", blocksize, nested)
+    x = random_x((130, shape[1]), dtype, "cuda")
+    bias = random_x((shape[0],), dtype, "cuda", seed=7)
+    for rows in (17, 32, 33, 64, 100, 130):
+        out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias if rows % 2 else None, **args)
+        assert_gemv_close(out, x[:rows], packed, args, bias if rows % 2 else None)
+        assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=bias if rows % 2 else None, **args), out)
+
+
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_gemv_is_deterministic(device):
     # on CUDA: one CTA per tile, and tiles shared by several CTAs' warps (csrc/gemv.cu)
