@@ -6,17 +6,17 @@
 // kTensorCoreGemvRowLimits W was dequantized to a 16-bit temporary for cuBLAS (written and read again: on Llama's
 // gate/up 4x the packed bytes).
 //
-// Layout. A CTA (m tile, n tile, K split) takes W rows [128 n, 128 n + 128), x rows [kXTileRows m, ...) and the K
-// steps (64 elements, one absmax block per row) of split z. Its warps are 4 along W's rows (32 each: two mma
-// m-tiles) by kXTileRows / 32 along x's (32 rows each: four mma n-tiles). Each step the CTA copies the tile's packed
-// bytes and x rows into a ring of kMrStages stages with cp.async (three steps in flight), and each warp decodes its
-// own W rows from the stage straight into mma A fragments (byte permutes, no table lookups: shared-memory bandwidth
-// was what bounded the first versions, benchmarks/NOTES.md gemv row 63), reads its x rows with ldmatrix (16-byte
-// XOR swizzle, no bank conflicts) and multiplies on mma.sync; each step's fp32 sums are scaled by the rows' absmax
-// and added, as in the tensor-core kernel. The m tiles are blockIdx.x, so the CTAs that read the same W rows run
-// side by side and all but the first find them in L2. Layers with fewer tiles than resident CTAs split K
-// (kMrMinStepsPerSplit steps at least), each split writing fp32 partial sums that a second kernel adds in split
-// order, so every run gives the same bits.
+// Layout. A CTA (m tile, n tile, K split) takes W rows [128 n, 128 n + 128), x rows [32 m, 32 m + 32) and the K
+// steps (64 elements, one absmax block per row) of split z; its 4 warps take 32 W rows each (two mma m-tiles) by
+// the 32 x rows (four mma n-tiles). Each step the CTA copies the tile's packed bytes and x rows into a ring of
+// kMrStages stages with cp.async (three steps in flight), and each warp decodes its own W rows from the stage
+// straight into mma A fragments (one lookup per packed byte in a table of code pairs), reads the x rows with
+// ldmatrix (16-byte XOR swizzle, no bank conflicts) and multiplies on mma.sync; each step's fp32 sums are scaled by
+// the rows' absmax and added, as in the tensor-core kernel. The m tiles are blockIdx.x, so the CTAs that read the
+// same W rows run side by side and all but the first find them in L2. Layers with fewer tiles than resident CTAs
+// split K (kMrMinStepsPerSplit steps at least), each split writing fp32 partial sums that a second kernel adds in
+// split order, so every run gives the same bits. Earlier versions, which decoded W into shared memory for ldmatrix
+// or with byte-permute arithmetic, were 1.3-2.3x slower (benchmarks/NOTES.md, gemv row 63).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -41,23 +41,22 @@ constexpr int kMrStepBytes = kMrStep / 2;             // packed bytes of a row's
 constexpr int kMrRowBytes = kMrStep * 2;              // an x row's step: 8 chunks of 16 bytes
 constexpr int kMrStages = 4;                          // cp.async ring: the step multiplied, three more in flight
 constexpr int kMrMinStepsPerSplit = 8;
-#ifndef NF4_MR_MIN_CTAS  // tuning knob: resident CTAs per SM the registers are cut for
-#define NF4_MR_MIN_CTAS(threads) ((threads) == 128 ? 3 : 2)
-#endif
+constexpr int kMrXTileRows = 32;                      // x rows per CTA: four mma n-tiles of 8
+constexpr int kMrThreads = kMrWarpsN * 32;
+constexpr int kMrNTiles = kMrXTileRows / 8;
+constexpr int kMrPackedBytes = kMrTileRows * kMrStepBytes;  // a stage: W's packed bytes, then x
+constexpr int kMrXBytes = kMrXTileRows * kMrRowBytes;
+constexpr int kMrStageBytes = kMrPackedBytes + kMrXBytes;
+static_assert(kMrPackedBytes % (16 * kMrThreads) == 0 && kMrXBytes % (16 * kMrThreads) == 0, "whole 16-byte copies");
 
-// A CTA's x tile: kXTileRows rows, split over kWarpsM warps along x.
-template <int kXTileRows, int kWarpsM>
-struct MrShape {
-  static constexpr int kWarpXRows = kXTileRows / kWarpsM;  // x rows per warp: mma n-tiles of 8, in pairs
-  static_assert(kWarpXRows % 16 == 0, "each warp's x rows come in ldmatrix pairs of n-tiles");
-  static constexpr int kThreads = kMrWarpsN * kWarpsM * 32;
-  static constexpr int kMinCtasPerSm = NF4_MR_MIN_CTAS(kThreads);
-  static constexpr int kPackedBytes = kMrTileRows * kMrStepBytes;  // a stage: W's packed bytes, then x
-  static constexpr int kXBytes = kXTileRows * kMrRowBytes;
-  static constexpr int kStageBytes = kPackedBytes + kXBytes;
-  static constexpr int kSharedBytes = kMrStages * kStageBytes + 256 * 4;  // + (nested) the 256-entry code map
-  static_assert(kPackedBytes % (16 * kThreads) == 0 && kXBytes % (16 * kThreads) == 0, "whole 16-byte copies");
-};
+// Each packed byte is decoded by one shared-memory load from a table of its two code values as an mma operand
+// word (the even element, the byte's high nibble, in the low half). Entry e holds 32 copies of its word, one per
+// lane, 256 bytes apart, so that the lanes of a warp never meet in a bank, and a lane's offset in the table is one
+// byte permute: the byte in bits 8-15, 4 x lane in 0-7 (as the tensor-core kernel's table, csrc/gemv.cu).
+constexpr int kMrTableBytes = 256 * 256;
+
+// The code pair table, the stages, then (nested) the 256-entry code map: 97 KB, two CTAs per SM on an H100.
+constexpr int kMrSharedBytes = kMrTableBytes + kMrStages * kMrStageBytes + 256 * 4;
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` in the swizzled x tile.
 __device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
@@ -70,42 +69,9 @@ __device__ __forceinline__ uint16_t bits16(float v) {
   return *reinterpret_cast<const uint16_t*>(&h);
 }
 
-// The 16 code values as T, their low bytes in lo[0..3] and high bytes in hi[0..3] (entry n: byte n % 4 of word
-// n / 4), for the byte-permute decode.
-struct CodeBytes {
-  uint32_t lo[4], hi[4];
-};
 template <typename T>
-__device__ __forceinline__ CodeBytes code_bytes(QuantType quant_type) {
-  const CodeTable table = code_table(quant_type);
-  CodeBytes bytes = {};
-#pragma unroll
-  for (int n = 0; n < 16; ++n) {
-    const uint32_t v = bits16<T>(table.value[n]);
-    bytes.lo[n / 4] |= (v & 0xFF) << (8 * (n % 4));
-    bytes.hi[n / 4] |= (v >> 8) << (8 * (n % 4));
-  }
-  return bytes;
-}
-
-// Two packed bytes (the low 16 bits of `half`, whose 4-bit fields are elements 1, 0, 3, 2: the even element is a
-// byte's high nibble) into two operand words, elements 0 and 1, then 2 and 3 (the first in the low half). A byte
-// permute picks from 8 bytes by the low 3 bits of each field, so each byte of the codes is picked from entries 0-7
-// and from 8-15, and a third permute takes the one the field's bit 3 names (field i -> i + 4 * bit 3); the
-// last two interleave the low and high bytes in element order. `upper` is ((half >> 1) & 0x4444) | 0x3210.
-__device__ __forceinline__ void decode_two_bytes(uint32_t half, uint32_t upper, const CodeBytes& c, uint32_t& first,
-                                                 uint32_t& second) {
-  const uint32_t lo = __byte_perm(__byte_perm(c.lo[0], c.lo[1], half), __byte_perm(c.lo[2], c.lo[3], half), upper);
-  const uint32_t hi = __byte_perm(__byte_perm(c.hi[0], c.hi[1], half), __byte_perm(c.hi[2], c.hi[3], half), upper);
-  first = __byte_perm(lo, hi, 0x4051);   // element 0 (field 1), then element 1 (field 0)
-  second = __byte_perm(lo, hi, 0x6273);  // element 2 (field 3), then element 3 (field 2)
-}
-
-// Four packed bytes into four operand words: word b holds the two elements of byte b.
-__device__ __forceinline__ void decode_word(uint32_t word, const CodeBytes& c, uint32_t (&out)[4]) {
-  const uint32_t upper = ((word >> 1) & 0x44444444u) | 0x32103210u;
-  decode_two_bytes(word, upper, c, out[0], out[1]);
-  decode_two_bytes(word >> 16, upper >> 16, c, out[2], out[3]);
+__device__ __forceinline__ uint32_t code_pair(float first, float second) {
+  return uint32_t(bits16<T>(first)) | uint32_t(bits16<T>(second)) << 16;
 }
 
 // What a lane loads ahead for one of its rows' scale of a step: the fp32 absmax, or (nested) the uint8 code and the
@@ -115,29 +81,35 @@ struct RawScale {
   uint32_t code;
 };
 
-template <typename T, int kXTileRows, int kWarpsM, bool kNested>
-__global__ void __launch_bounds__(MrShape<kXTileRows, kWarpsM>::kThreads, MrShape<kXTileRows, kWarpsM>::kMinCtasPerSm)
+template <typename T, bool kNested>
+__global__ void __launch_bounds__(kMrThreads, 2)
     many_rows_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                           QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                           int steps_per_split, const T* __restrict__ bias, T* __restrict__ out,
                           float* __restrict__ partial) {
-  using Shape = MrShape<kXTileRows, kWarpsM>;
-  constexpr int kThreads = Shape::kThreads;
-  constexpr int kNTiles = Shape::kWarpXRows / 8;
+  constexpr int kThreads = kMrThreads, kNTiles = kMrNTiles;
   extern __shared__ __align__(128) uint8_t mr_shared[];
-  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(mr_shared));
-  float* code2 = reinterpret_cast<float*>(mr_shared + kMrStages * Shape::kStageBytes);
+  uint8_t* const stage_bytes = mr_shared + kMrTableBytes;
+  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(stage_bytes));
+  float* code2 = reinterpret_cast<float*>(stage_bytes + kMrStages * kMrStageBytes);
 
-  const int tid = threadIdx.x, lane = tid % 32, warp_n = tid / 32 % kMrWarpsN, warp_m = tid / 32 / kMrWarpsN;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
-  const int m0 = blockIdx.x * kXTileRows;
+  const int m0 = blockIdx.x * kMrXTileRows;
   const int64_t n0 = int64_t{blockIdx.y} * kMrTileRows;
   const int total_steps = static_cast<int>(cols / kMrStep);
   const int first_step = blockIdx.z * steps_per_split;
   const int count = min(steps_per_split, total_steps - first_step);  // >= 1 (the host's split rule)
   const int64_t row_bytes = cols / 2;
 
-  const CodeBytes code = code_bytes<T>(quant_type);
+  {
+    const CodeTable codes = code_table(quant_type);
+    for (int chunk = tid; chunk < kMrTableBytes / 16; chunk += kThreads) {  // 16 chunks of 4 copies per entry
+      const int byte = chunk / 16;
+      const uint32_t pair = code_pair<T>(codes.value[byte >> 4], codes.value[byte & 0x0F]);
+      reinterpret_cast<uint4*>(mr_shared)[chunk] = make_uint4(pair, pair, pair, pair);
+    }
+  }
   float nested_offset = 0.0f;
   if constexpr (kNested) {
     for (int i = tid; i < 256; i += kThreads) code2[i] = scales.code2[i];
@@ -150,27 +122,27 @@ __global__ void __launch_bounds__(MrShape<kXTileRows, kWarpsM>::kThreads, MrShap
   const auto issue = [&](int j) {
     if (j < count) {
       const int64_t k_byte = int64_t{first_step + j} * kMrStepBytes;
-      const uint32_t stage = stages + (j % kMrStages) * Shape::kStageBytes;
+      const uint32_t stage = stages + (j % kMrStages) * kMrStageBytes;
 #pragma unroll
-      for (int i = 0; i < Shape::kPackedBytes / 16 / kThreads; ++i) {
+      for (int i = 0; i < kMrPackedBytes / 16 / kThreads; ++i) {
         const int piece = tid + i * kThreads, tile_row = piece / 2;
         const bool there = n0 + tile_row < rows;
         const uint8_t* from = packed + (there ? (n0 + tile_row) * row_bytes + k_byte + (piece % 2) * 16 : 0);
         copy_async<16>(stage + piece * 16, from, there ? 16 : 0);
       }
 #pragma unroll
-      for (int i = 0; i < Shape::kXBytes / 16 / kThreads; ++i) {
+      for (int i = 0; i < kMrXBytes / 16 / kThreads; ++i) {
         const int piece = tid + i * kThreads, x_row = piece / 8, chunk = piece % 8;
         const bool there = m0 + x_row < x_rows;
         const T* from = x + (there ? int64_t{m0 + x_row} * cols + k_byte * 2 + chunk * 8 : 0);
-        copy_async<16>(stage + Shape::kPackedBytes + swizzled(x_row, chunk), from, there ? 16 : 0);
+        copy_async<16>(stage + kMrPackedBytes + swizzled(x_row, chunk), from, there ? 16 : 0);
       }
     }
     copy_async_commit();
   };
 
   // The lane's W rows: of m-tile mt, tile rows 16 mt + g (its A fragment's rows 0-7) and 16 mt + g + 8 (8-15).
-  const auto lane_row = [&](int mt, int h) { return warp_n * kMrWarpRows + 16 * mt + g + 8 * h; };
+  const auto lane_row = [&](int mt, int h) { return warp * kMrWarpRows + 16 * mt + g + 8 * h; };
   const auto load_scale = [&](int j, int mt, int h) -> RawScale {
     RawScale raw = {0.0f, 0};
     const int64_t n = n0 + lane_row(mt, h);
@@ -194,14 +166,19 @@ __global__ void __launch_bounds__(MrShape<kXTileRows, kWarpsM>::kThreads, MrShap
   };
 
   // Operand words of k-tile kk for lane (g, t): A[row][2t, 2t + 1] and A[row][2t + 8, 2t + 9] of k-tile kk are
-  // packed bytes 8 kk + t and 8 kk + t + 4 of the row's step: byte t of words 2 kk and 2 kk + 1.
-  const uint32_t gather_bytes = t | (t + 4) << 4;  // byte t of each of two words
-  const int b_row = warp_m * Shape::kWarpXRows + (lane / 16) * 8 + lane % 8;  // ldmatrix: + 16 p
+  // packed bytes 8 kk + t and 8 kk + t + 4 of the row's step: byte t of words 2 kk and 2 kk + 1. The permute puts
+  // byte t of a word in bits 8-15 and 4 x lane (byte 0 of lane4, whose byte 1 is 0) in bits 0-7.
+  const uint32_t lane4 = 4 * lane;
+  const uint32_t table_offset = 0x5504u | uint32_t(t) << 4;
+  const auto lookup = [&](uint32_t word) -> uint32_t {
+    return *reinterpret_cast<const uint32_t*>(mr_shared + __byte_perm(word, lane4, table_offset));
+  };
+  const int b_row = (lane / 16) * 8 + lane % 8;  // ldmatrix: + 16 p
   const int b_chunk = lane / 8 % 2;                                       // + 2 kk
   float acc[2][kNTiles][4] = {};
   const auto multiply = [&](int j, const RawScale (&raw)[2][2]) {
-    const uint8_t* stage = mr_shared + (j % kMrStages) * Shape::kStageBytes;
-    const uint32_t x_tile = stages + (j % kMrStages) * Shape::kStageBytes + Shape::kPackedBytes;
+    const uint8_t* stage = stage_bytes + (j % kMrStages) * kMrStageBytes;
+    const uint32_t x_tile = stages + (j % kMrStages) * kMrStageBytes + kMrPackedBytes;
     uint32_t a[4][2][4];  // [k-tile][m-tile][A register]
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
@@ -209,16 +186,10 @@ __global__ void __launch_bounds__(MrShape<kXTileRows, kWarpsM>::kThreads, MrShap
       for (int h = 0; h < 2; ++h) {
         const uint4* row = reinterpret_cast<const uint4*>(stage + lane_row(mt, h) * kMrStepBytes);
         const uint4 w0 = row[0], w1 = row[1];
-        uint32_t words[2][4];
-        decode_word(__byte_perm(__byte_perm(w0.x, w0.y, gather_bytes), __byte_perm(w0.z, w0.w, gather_bytes), 0x5410),
-                    code, words[0]);
-        decode_word(__byte_perm(__byte_perm(w1.x, w1.y, gather_bytes), __byte_perm(w1.z, w1.w, gather_bytes), 0x5410),
-                    code, words[1]);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          a[kk][mt][h] = words[kk / 2][2 * (kk % 2)];
-          a[kk][mt][2 + h] = words[kk / 2][2 * (kk % 2) + 1];
-        }
+        a[0][mt][h] = lookup(w0.x), a[0][mt][2 + h] = lookup(w0.y);
+        a[1][mt][h] = lookup(w0.z), a[1][mt][2 + h] = lookup(w0.w);
+        a[2][mt][h] = lookup(w1.x), a[2][mt][2 + h] = lookup(w1.y);
+        a[3][mt][h] = lookup(w1.z), a[3][mt][2 + h] = lookup(w1.w);
       }
     }
     float sums[2][kNTiles][4] = {};
@@ -285,7 +256,7 @@ __global__ void __launch_bounds__(MrShape<kXTileRows, kWarpsM>::kThreads, MrShap
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int m = m0 + warp_m * Shape::kWarpXRows + 8 * nt + 2 * t + c;
+          const int m = m0 + 8 * nt + 2 * t + c;
           if (m >= x_rows) continue;
           const float v = acc[mt][nt][2 * h + c];
           if (partial != nullptr) {
@@ -311,31 +282,14 @@ __global__ void add_split_parts_kernel(const float* __restrict__ partial, int sp
   }
 }
 
-// x tiles: up to 32 rows of x one tile of 32 rows over kMrSmallWarpsM warps, more rows tiles of
-// kMrLargeXTileRows over kMrLargeWarpsM warps (tuning knobs, benchmarks/NOTES.md gemv row 63).
-#ifndef NF4_MR_SMALL_WARPS_M
-#define NF4_MR_SMALL_WARPS_M 1
-#endif
-#ifndef NF4_MR_LARGE_X_TILE_ROWS
-#define NF4_MR_LARGE_X_TILE_ROWS 64
-#endif
-#ifndef NF4_MR_LARGE_WARPS_M
-#define NF4_MR_LARGE_WARPS_M 2
-#endif
-constexpr int kMrSmallXTileRows = 32;
-constexpr int kMrSmallWarpsM = NF4_MR_SMALL_WARPS_M;
-constexpr int kMrLargeXTileRows = NF4_MR_LARGE_X_TILE_ROWS;
-constexpr int kMrLargeWarpsM = NF4_MR_LARGE_WARPS_M;
-
-template <typename T, int kXTileRows, int kWarpsM, bool kNested>
+template <typename T, bool kNested>
 void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec, int64_t rows,
             int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like, cudaStream_t stream) {
-  using Shape = MrShape<kXTileRows, kWarpsM>;
-  const auto kernel = many_rows_gemv_kernel<T, kXTileRows, kWarpsM, kNested>;
+  const auto kernel = many_rows_gemv_kernel<T, kNested>;
   static std::atomic<int64_t> resident_cache[64] = {};  // one cache per instance
-  const int64_t per_sm = prepare_kernel(resident_cache, kernel, Shape::kThreads, Shape::kSharedBytes);
+  const int64_t per_sm = prepare_kernel(resident_cache, kernel, kMrThreads, kMrSharedBytes);
   const int64_t resident = per_sm * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int64_t m_tiles = (x_rows + kXTileRows - 1) / kXTileRows;
+  const int64_t m_tiles = (x_rows + kMrXTileRows - 1) / kMrXTileRows;
   const int64_t n_tiles = (rows + kMrTileRows - 1) / kMrTileRows;
   const int64_t total_steps = cols / kMrStep;
   // Splits of K where the tiles leave at least half the resident CTAs idle, each of kMrMinStepsPerSplit steps or
@@ -356,7 +310,7 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
     partial_data = partial.mutable_data_ptr<float>();
   }
   const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles), static_cast<unsigned>(splits));
-  kernel<<<grid, Shape::kThreads, Shape::kSharedBytes, stream>>>(x, packed, scales, spec.quant_type, spec.blocksize_log2,
+  kernel<<<grid, kMrThreads, kMrSharedBytes, stream>>>(x, packed, scales, spec.quant_type, spec.blocksize_log2,
                                                             rows, cols, static_cast<int>(x_rows),
                                                             static_cast<int>(steps_per_split), bias, out,
                                                             partial_data);
@@ -375,8 +329,7 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
 
 bool many_rows_gemv_fits() {
   return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin >=
-         size_t{std::max(MrShape<kMrSmallXTileRows, kMrSmallWarpsM>::kSharedBytes,
-                         MrShape<kMrLargeXTileRows, kMrLargeWarpsM>::kSharedBytes)};
+         size_t{kMrSharedBytes};
 }
 
 void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const BlockScales& scales,
@@ -390,14 +343,7 @@ void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const 
     const T* bias_data = bias.defined() ? static_cast<const T*>(bias.const_data_ptr()) : nullptr;
     T* out_data = static_cast<T*>(out.mutable_data_ptr());
     const auto with_tile = [&](auto nested) {
-      constexpr bool kNested = decltype(nested)::value;
-      if (x_rows <= kMrSmallXTileRows) {
-        launch<T, kMrSmallXTileRows, kMrSmallWarpsM, kNested>(x, packed, scales, spec, rows, cols, x_rows, bias_data, out_data, out,
-                                              stream);
-      } else {
-        launch<T, kMrLargeXTileRows, kMrLargeWarpsM, kNested>(x, packed, scales, spec, rows, cols, x_rows, bias_data, out_data, out,
-                                              stream);
-      }
+      launch<T, decltype(nested)::value>(x, packed, scales, spec, rows, cols, x_rows, bias_data, out_data, out, stream);
     };
     scales.nested() ? with_tile(std::true_type{}) : with_tile(std::false_type{});
   };
