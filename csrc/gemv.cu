@@ -1,4 +1,4 @@
-// nf4::gemv on CUDA, four paths chosen per call (the crossover constants in ops.h, and each path's rule here):
+// nf4::gemv on CUDA, five paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
 //    (MmaOperand), on sm_80+, plain or nested absmax, on layers with enough steps per warp (one_row_gemv_applies),
 //    also as
@@ -6,6 +6,8 @@
 //    (ops.h) rows, one launch that takes the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
+//  - the many-rows kernel (csrc/gemv_many_rows.cu): fp16/bf16 x of 17 up to many_rows_gemv_max_rows rows where the
+//    tensor-core kernel's layout fits, in one launch (it comes before the launches of 16 rows);
 //  - the CUDA-core kernel (fp32 x that the one-row kernel does not take, odd shapes, up to kFusedGemvMaxRows
 //    rows): one warp per row n of W decodes that row once and dots it with every row of x, accumulating in fp32;
 //  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
@@ -1384,7 +1386,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
                             one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
   // fp16 / bf16 x of more than one launch's rows: the many-rows kernel up to its limit (ops.h)
   const bool many_rows = tensor_cores && x_rows > kTensorCoreGemvLaunchRows &&
-                         x_rows <= many_rows_gemv_max_rows(rows, cols) && many_rows_gemv_fits();
+                         x_rows <= many_rows_gemv_max_rows(rows, cols, peak_memory_GBps()) && many_rows_gemv_fits();
   const int64_t fused_max_rows = many_rows      ? x_rows
                                  : tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
                                  : one_row_fp32 ? one_row_fp32_max_rows(rows, cols)

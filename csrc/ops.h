@@ -154,19 +154,23 @@ int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64
   return max_rows;
 }
 
-//  - the many-rows kernel (csrc/gemv_many_rows.cu: fp16 / bf16 x where the tensor-core kernel's layout fits, and
-//    its 130 KB of shared memory per block): a call of more than kTensorCoreGemvLaunchRows rows of x, up to these
-//    many, takes one launch of it, which decodes W once per 32 or 64 rows of x (to x's dtype, as dequantize does)
-//    and multiplies on tensor cores; then, up to kTensorCoreGemvRowLimits, launches of 16 rows; then dequantize +
-//    cuBLAS. A tuning build may set one limit for every W with -DNF4_MANY_ROWS_MAX_ROWS=n.
+//  - the many-rows kernel (csrc/gemv_many_rows.cu: fp16 / bf16 x where the tensor-core kernel's layout fits): a call
+//    of more than kTensorCoreGemvLaunchRows rows of x, up to these many, takes one launch of it, which decodes W
+//    once per 32 rows of x; past them the launches of 16 rows and dequantize + cuBLAS above take over. Measured on
+//    an H100 over the paper's layer shapes at 17-128 rows, plain and nested absmax (benchmarks/NOTES.md gemv row 63,
+//    benchmarks/results/h100-many-rows/v7_sweep_*.txt): through 64 rows it was faster than dequantize + cuBLAS and
+//    bitsandbytes on every layer (1.00-3.6x) and than the launches of 16 rows on all but Gemma's gate/up at 17 and
+//    40-48 rows (0.93-0.98x); at 80-128 rows it lost to dequantize + cuBLAS on most layers. Not measured on faster
+//    memory (an H200), where dequantize + cuBLAS gains more than this compute-bound kernel: off there until it is.
+//    A tuning build may set one limit for every W with -DNF4_MANY_ROWS_MAX_ROWS=n.
 constexpr GemvRowLimit kManyRowsGemvRowLimits[] = {
-    {0, 0},  // not yet measured: off
+    {0, 64},
 };
-inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols) {
+inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
 #ifdef NF4_MANY_ROWS_MAX_ROWS
   return NF4_MANY_ROWS_MAX_ROWS;
 #else
-  return gemv_row_limit(kManyRowsGemvRowLimits, rows, cols);
+  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? 0 : gemv_row_limit(kManyRowsGemvRowLimits, rows, cols);
 #endif
 }
 

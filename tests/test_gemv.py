@@ -421,7 +421,8 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 def test_gemv_tensor_core_launches(nested, dtype):
     """More rows of x than one tensor-core launch takes (16), on a W large enough for several launches
-    (csrc/ops.h, kTensorCoreGemvRowLimits*: up to 32 or 48 rows from 16 MiB of packed W, by the GPU's memory):
+    (csrc/ops.h, kTensorCoreGemvRowLimits*: up to 32 or 48 rows from 16 MiB of packed W, by the GPU's memory), where
+    the many-rows kernel does not take them (GPUs with memory of 4 TB/s or more; elsewhere it does, up to 64 rows):
     every launch's rows equal that launch made alone, bit for bit (a last launch of one row takes the one-row
     kernel where a one-row call on this W does, plain or nested absmax, on an H100 or H200), and past every table's limit
     for this size (65 rows) the call takes dequantize + cuBLAS."""
@@ -434,6 +435,10 @@ def test_gemv_tensor_core_launches(nested, dtype):
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
+        if many_rows_kernel_on():  # one launch of the many-rows kernel instead (its own test covers it)
+            assert sum("gemv_kernel" in name for name in names) == 1 and any("many_rows" in n for n in names), names
+            assert_gemv_close(out, x[:rows], packed, args, bias)
+            continue
         one_row_launches = sum("one_row_gemv_kernel" in name for name in names)
         assert one_row_launches == (rows % 16 == 1 and one_row_kernel_takes(shape, 64, nested)), names
         assert sum("tc_gemv_kernel" in name for name in names) + one_row_launches == -(-rows // 16), names
@@ -449,13 +454,22 @@ def test_gemv_tensor_core_launches(nested, dtype):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-# The many-rows kernel (csrc/gemv_many_rows.cu): CTA tiles of 256 W rows by 32 (up to 32 rows of x) or 64 rows of
-# x, K in steps of 64. "one_split": K = 512 (8 steps) is too short to split, so each CTA writes its outputs, with a
-# last tile of 216 rows (its other 40 copy nothing). "k_splits": 2 tiles of 256 rows (the last of 44) leave most
-# SMs idle, so K (80 steps) is split (kMrMinStepsPerSplit = 8 steps each) and a second kernel adds the splits'
-# fp32 parts in order. Row counts: 32 and 64 fill a tile of x, 17 / 33 / 100 leave tiles part empty, 130 takes
-# three tiles of 64.
-MANY_ROWS_SHAPES = {"one_split": ((256 * 3 - 40, 512), 64), "k_splits": ((300, 256 * 20), 128)}
+# The many-rows kernel (csrc/gemv_many_rows.cu) takes 17 up to MANY_ROWS_MAX_ROWS rows of fp16 / bf16 x (csrc/ops.h
+# kManyRowsGemvRowLimits: 64 for every W; off on memory of 4 TB/s or more, kFastMemoryMinPeakGBps) in CTA tiles of 128
+# W rows by 32 rows of x, K in steps of 64. "one_split": K = 512 (8 steps) is too short to split, so each CTA writes
+# its outputs, with a last tile of 88 rows (its other 40 copy nothing). "k_splits": 3 tiles of 128 rows (the last of
+# 44) leave most SMs idle, so K (80 steps) is split (kMrMinStepsPerSplit = 8 steps each) and a second kernel adds the
+# splits' fp32 parts in order. 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes two; 65 and 100
+# are past the limit (dequantize + cuBLAS).
+MANY_ROWS_SHAPES = {"one_split": ((128 * 6 - 40, 512), 64), "k_splits": ((300, 256 * 20), 128)}
+MANY_ROWS_MAX_ROWS, FAST_MEMORY_MIN_PEAK_GBPS = 64, 4000
+
+
+def many_rows_kernel_on() -> bool:
+    """Whether this GPU takes the many-rows kernel: its peak memory bandwidth, as csrc/gemv.cu peak_memory_GBps
+    computes it, is under FAST_MEMORY_MIN_PEAK_GBPS."""
+    props = torch.cuda.get_device_properties(0)
+    return 2 * props.memory_clock_rate * (props.memory_bus_width // 8) / 1e6 < FAST_MEMORY_MIN_PEAK_GBPS
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -465,12 +479,20 @@ MANY_ROWS_SHAPES = {"one_split": ((256 * 3 - 40, 512), 64), "k_splits": ((300, 2
 def test_gemv_many_rows(shape_name, nested, dtype):
     shape, blocksize = MANY_ROWS_SHAPES[shape_name]
     packed, args = weight_on("cuda", shape, "fp4" if nested else "nf4", blocksize, nested)
-    x = random_x((130, shape[1]), dtype, "cuda")
+    x = random_x((100, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=7)
-    for rows in (17, 32, 33, 64, 100, 130):
-        out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias if rows % 2 else None, **args)
-        assert_gemv_close(out, x[:rows], packed, args, bias if rows % 2 else None)
-        assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=bias if rows % 2 else None, **args), out)
+    for rows in (17, 32, 33, 64, 65, 100):
+        row_bias = bias if rows % 2 else None
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out = torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args)
+            torch.cuda.synchronize()
+        names = [event.name for event in profile.events()]
+        takes = many_rows_kernel_on() and rows <= MANY_ROWS_MAX_ROWS
+        assert sum("many_rows_gemv_kernel" in name for name in names) == takes, (rows, names)
+        if takes:
+            assert any("add_split_parts_kernel" in name for name in names) == (shape_name == "k_splits"), names
+        assert_gemv_close(out, x[:rows], packed, args, row_bias)
+        assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args), out)  # the same bits every run
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
