@@ -143,8 +143,8 @@ def readme_section(results: dict, json_path: str) -> str:
         "",
         gemv_table(results),
         "",
-        "**Rows of x**: where `nf4::gemv` switches from its fused kernel to dequantize + cuBLAS "
-        "(`kTensorCoreGemvRowLimits`, csrc/ops.h):",
+        "**Rows of x**: where `nf4::gemv` switches from its fused kernels (the many-rows kernel for 17 rows and more) "
+        "to dequantize + cuBLAS (`kManyRowsGemvRowLimits` and `kTensorCoreGemvRowLimits`, csrc/ops.h):",
         "",
         crossover_table(results),
         END,

@@ -104,15 +104,12 @@ def main():
     packed, args = random_weight(8200, 4096, 64, False)
     failures += check_gemv(packed, args, 24, "8200x4096 two launches")
     # More rows of x than one launch takes, on the many-rows kernel where csrc/ops.h's kManyRowsGemvRowLimits lets
-    # it take them (up to 64 rows, on memory under 4 TB/s; tests/test_gemv.py MANY_ROWS_SHAPES): one K split with a
-    # last tile of 88 W rows, and split K (fp32 parts added by a second kernel), each with a part-empty last tile of
-    # x. Elsewhere these calls take dequantize + cuBLAS, whose bf16 GEMM may reduce in bf16 (torch's default) and is
-    # not on trial here.
-    props = torch.cuda.get_device_properties(0)
-    if 2 * props.memory_clock_rate * (props.memory_bus_width // 8) / 1e6 < 4000:
-        for n, k, nested, rows in ((128 * 6 - 40, 512, False, 40), (300, 256 * 20, True, 63)):
-            packed, args = random_weight(n, k, 64, nested)
-            failures += check_gemv(packed, args, rows, f"{n}x{k} many rows nested={nested}")
+    # it take them (up to 64 rows, on memory under 4 TB/s; elsewhere dequantize + cuBLAS; tests/test_gemv.py
+    # MANY_ROWS_SHAPES): one K split with a last tile of 88 W rows, and split K (fp32 parts added by a second
+    # kernel), each with a part-empty last tile of x.
+    for n, k, nested, rows in ((128 * 6 - 40, 512, False, 40), (300, 256 * 20, True, 63)):
+        packed, args = random_weight(n, k, 64, nested)
+        failures += check_gemv(packed, args, rows, f"{n}x{k} many rows nested={nested}")
     torch.cuda.synchronize()
     print(f"sanitizer workload: {failures} mismatches")
     raise SystemExit(1 if failures else 0)
