@@ -1386,7 +1386,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
                             one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
   // fp16 / bf16 x of more than one launch's rows: the many-rows kernel up to its limit (ops.h)
   const bool many_rows = tensor_cores && x_rows > kTensorCoreGemvLaunchRows &&
-                         x_rows <= many_rows_gemv_max_rows(rows, cols, peak_memory_GBps()) && many_rows_gemv_fits();
+                         x_rows <= many_rows_gemv_max_rows(rows, cols, peak_memory_GBps()) && many_rows_gemv_fits(rows);
   const int64_t fused_max_rows = many_rows      ? x_rows
                                  : tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
                                  : one_row_fp32 ? one_row_fp32_max_rows(rows, cols)

@@ -15,7 +15,8 @@
 // the rows' absmax and added, as in the tensor-core kernel. The m tiles are blockIdx.x, so the CTAs that read the
 // same W rows run side by side and all but the first find them in L2. Layers with fewer tiles than resident CTAs
 // split K (kMrMinStepsPerSplit steps at least), each split writing fp32 partial sums that a second kernel adds in
-// split order, so every run gives the same bits. Earlier versions, which decoded W into shared memory for ldmatrix
+// split order, so every run gives the same bits (the split count depends on the x tiles too, so a row's bits may
+// differ between calls of different row counts; unlike the launches of 16 rows, no such equality is promised). Earlier versions, which decoded W into shared memory for ldmatrix
 // or with byte-permute arithmetic, were 1.3-2.3x slower (benchmarks/NOTES.md, gemv row 63).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -41,6 +42,7 @@ constexpr int kMrStepBytes = kMrStep / 2;             // packed bytes of a row's
 constexpr int kMrRowBytes = kMrStep * 2;              // an x row's step: 8 chunks of 16 bytes
 constexpr int kMrStages = 4;                          // cp.async ring: the step multiplied, three more in flight
 constexpr int kMrMinStepsPerSplit = 8;
+constexpr int64_t kMrMaxTiles = 65535;                // W tiles and K splits: grid dimensions y and z
 constexpr int kMrXTileRows = 32;                      // x rows per CTA: four mma n-tiles of 8
 constexpr int kMrThreads = kMrWarpsN * 32;
 constexpr int kMrNTiles = kMrXTileRows / 8;
@@ -300,9 +302,7 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
   }
   const int64_t steps_per_split = (total_steps + splits - 1) / splits;
   splits = (total_steps + steps_per_split - 1) / steps_per_split;
-  TORCH_CHECK(m_tiles <= INT32_MAX && n_tiles <= 65535 && splits <= 65535,
-              "nf4::gemv: shape ", rows, " x ", cols, " with ", x_rows, " rows of x needs more CUDA blocks than a "
-              "launch allows");
+  TORCH_INTERNAL_ASSERT(m_tiles <= INT32_MAX && n_tiles <= kMrMaxTiles && splits <= kMrMaxTiles && x_rows <= INT32_MAX);
   at::Tensor partial;
   float* partial_data = nullptr;
   if (splits > 1) {
@@ -327,9 +327,9 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
 
 }  // namespace
 
-bool many_rows_gemv_fits() {
-  return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin >=
-         size_t{kMrSharedBytes};
+bool many_rows_gemv_fits(int64_t rows) {
+  return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin >= size_t{kMrSharedBytes} &&
+         (rows + kMrTileRows - 1) / kMrTileRows <= kMrMaxTiles;
 }
 
 void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const BlockScales& scales,

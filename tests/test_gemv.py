@@ -58,7 +58,7 @@ def test_gemv_matrix(shape_name, quant_type, nested, dtype, rows, with_bias, dev
 def test_gemv_blocksizes_and_storages(blocksize, storage, device):
     # K = 1280: whole tensor-core turns on CUDA, and blocks of 512 or more span rows
     packed, args = weight_on(device, (40, 1280), "nf4", blocksize, True, storage)
-    for rows in (1, 5, 12):
+    for rows in (1, 5, 12, 20):  # 20: the many-rows kernel on CUDA, with blocks of 2048 and 4096 spanning rows
         x = random_x((rows, 1280), torch.bfloat16, device)
         assert_gemv_close(torch.ops.nf4.gemv(x, packed, **args), x, packed, args)
 
@@ -458,10 +458,10 @@ def test_gemv_tensor_core_launches(nested, dtype):
 # kManyRowsGemvRowLimits: 64 for every W; off on memory of 4 TB/s or more, kFastMemoryMinPeakGBps) in CTA tiles of 128
 # W rows by 32 rows of x, K in steps of 64. "one_split": K = 512 (8 steps) is too short to split, so each CTA writes
 # its outputs, with a last tile of 88 rows (its other 40 copy nothing). "k_splits": 3 tiles of 128 rows (the last of
-# 44) leave most SMs idle, so K (80 steps) is split (kMrMinStepsPerSplit = 8 steps each) and a second kernel adds the
-# splits' fp32 parts in order. 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes two; 65 and 100
+# 44) leave most SMs idle, so K (84 steps) is split (kMrMinStepsPerSplit = 8 steps at least; on an H100 10 splits of
+# 9 steps, the last of 3, fewer than the ring's stages) and a second kernel adds the splits' fp32 parts in order. 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes two; 65 and 100
 # are past the limit (dequantize + cuBLAS).
-MANY_ROWS_SHAPES = {"one_split": ((128 * 6 - 40, 512), 64), "k_splits": ((300, 256 * 20), 128)}
+MANY_ROWS_SHAPES = {"one_split": ((128 * 6 - 40, 512), 64), "k_splits": ((300, 256 * 21), 128)}
 MANY_ROWS_MAX_ROWS, FAST_MEMORY_MIN_PEAK_GBPS = 64, 4000
 
 
