@@ -22,6 +22,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "code_pair_table.cuh"
 #include "cuda_types.cuh"
 #include "launch_cache.h"
 #include "mma_sync.cuh"
@@ -158,8 +159,6 @@ constexpr int kTcMinTurnsPerWarp = NF4_TC_MIN_TURNS_PER_WARP;  // small layers: 
 // Turns each warp has staged in shared memory: one being decoded, the rest in flight.
 constexpr int kTcStages = NF4_TC_STAGES;
 static_assert(kTcStages >= 2 && (kTcStages & (kTcStages - 1)) == 0, "NF4_TC_STAGES: a power of two >= 2");
-constexpr int kTcLutEntryBytes = 256;  // per table entry: 32 lanes x 4 bytes, then (split operands) their lo parts
-constexpr int kTcLutBytes = 256 * kTcLutEntryBytes;
 constexpr int kTcCode2Bytes = 256 * 4;            // the nested absmax map (state2.code), fp32
 // At 9-16 rows of x (two n-tiles) a warp's tile is 32 W rows (two mmas' M) instead of 16, where the GPU's
 // shared memory allows: each x fragment then feeds two mmas, which halves the x traffic per weight byte;
@@ -186,15 +185,8 @@ struct TileShape {
   static constexpr int kRows = kTcMmaRows * kMTiles;
   static constexpr int kStageWeightBytes = kRows * kTcRowTurnBytes;
   static constexpr int kStageBytes = kStageWeightBytes + kRows * kTcRowScaleBytes;
-  static constexpr int kSharedBytes = kTcLutBytes + kTcCode2Bytes + kTcWarps * kTcStages * kStageBytes;
+  static constexpr int kSharedBytes = kCodePairTableBytes + kTcCode2Bytes + kTcWarps * kTcStages * kStageBytes;
 };
-
-template <typename T>
-__device__ __forceinline__ uint16_t bits_of(T v);
-template <>
-__device__ __forceinline__ uint16_t bits_of<__half>(__half v) { return __half_as_ushort(v); }
-template <>
-__device__ __forceinline__ uint16_t bits_of<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
 // shared-memory address (a shared-window address, so that the load can add it as a uniform register).
@@ -464,63 +456,6 @@ __host__ __device__ inline int64_t first_sharer_slot(int64_t tile_first, int64_t
   return first_sharer * 2 + (warp_turns(first_sharer, warps, total).first < tile_first ? 1 : 0);
 }
 
-// Code value `index` (0..15). (nvcc turns the selects back into one indexed read of the table, which it
-// keeps in local memory: once per thread here, not once per table entry as before; NOTES gemv row 10.)
-__device__ __forceinline__ float code_value(QuantType quant_type, int index) {
-  const CodeTable table = code_table(quant_type);
-  float value = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) value = index == i ? table.value[i] : value;
-  return value;
-}
-
-// The mmas' operand type for x of type T, and whether x and the codes are split into two parts of it. fp16 /
-// bf16 x feed the mmas as they are. fp32 x (HF's default compute dtype) would lose 16 of its 24 bits as bf16
-// (and fp16 could overflow), so x and the codes are each split into bf16 parts, v = hi + lo (lo = the rounding
-// error of hi, so hi + lo holds ~16 bits of v, and bf16 keeps fp32's exponent range), and each k-tile takes three
-// mmas: lo(code) x hi(x), hi(code) x lo(x), then hi x hi. The dropped lo x lo is under 2^-16 of each product,
-// and every bf16 product is exact in the fp32 sums, so the result stays within the fp32 tolerance rule (README,
-// "Correctness") at 3x the mmas and 2x the table lookups of a bf16 step.
-template <typename T>
-struct MmaOperand {
-  using type = T;
-  static constexpr bool kSplit = false;
-};
-template <>
-struct MmaOperand<float> {
-  using type = __nv_bfloat16;
-  static constexpr bool kSplit = true;
-};
-
-// Part `part` (0: hi, 1: lo) of v as the mmas' operand type M: hi = M(v), lo = M(v - hi).
-template <typename M>
-__device__ __forceinline__ uint16_t operand_part(float v, int part) {
-  const M high = from_float<M>(v);
-  return bits_of(part == 0 ? high : from_float<M>(v - to_float(high)));
-}
-
-// Fills the byte -> code pair table (kTcLutBytes at `lut`, one copy per lane: see the tensor-core path's
-// comment) with the CTA's threads; the caller syncs before reading it. Entry e holds (code of e's high nibble,
-// code of its low nibble) as two operand values in one 32-bit word, lane l's copy at byte e * 256 + 4 * l (the
-// entry's first 128 bytes); with split operands the entry's last 128 bytes hold the pairs' lo parts the same
-// way, so that a lookup's lo part is at its address + 128. Thread i writes 16-byte chunk i % 8 (i % 16 when
-// split) of entry i / 8 (i / 16), so a warp's stores cover whole 128-byte rows, 4 wavefronts and no more. Lane l
-// reads code value l % 16 once and the others take it by shuffle: reading the (local-memory) table for every
-// entry was slow on small layers, where the fill is a good part of the time.
-template <typename T>
-__device__ __forceinline__ void fill_code_pair_table(uint8_t* lut, QuantType quant_type) {
-  using M = typename MmaOperand<T>::type;
-  constexpr int kChunks = MmaOperand<T>::kSplit ? 16 : 8;  // 16-byte chunks per entry: 8 per part
-  const float lane_code = code_value(quant_type, threadIdx.x % 32 % 16);
-  for (int chunk = threadIdx.x; chunk < 256 * kChunks; chunk += blockDim.x) {  // whole warps: 256 * 8 % 32 == 0
-    const int byte = chunk / kChunks, part = chunk % kChunks / 8;
-    const float high = __shfl_sync(0xFFFFFFFFu, lane_code, byte >> 4);
-    const float low = __shfl_sync(0xFFFFFFFFu, lane_code, byte & 0x0F);
-    const uint32_t pair = uint32_t(operand_part<M>(high, part)) | uint32_t(operand_part<M>(low, part)) << 16;
-    reinterpret_cast<uint4*>(lut + byte * kTcLutEntryBytes)[chunk % kChunks] = make_uint4(pair, pair, pair, pair);
-  }
-}
-
 // Where accumulator i (0..3) of m-tile mt and n-tile nt of lane (g, t) belongs (the m16n8 mma result layout):
 // x row m (the mma's column) and tile row r (the mma's row).
 struct AccPosition {
@@ -613,9 +548,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
   extern __shared__ __align__(16) uint8_t tc_shared[];
   uint8_t* lut = tc_shared;
-  float* code2 = reinterpret_cast<float*>(tc_shared + kTcLutBytes);
+  float* code2 = reinterpret_cast<float*>(tc_shared + kCodePairTableBytes);
   using Tile = TileShape<kMTiles>;
-  uint8_t* ring = tc_shared + kTcLutBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * Tile::kStageBytes);
+  uint8_t* ring = tc_shared + kCodePairTableBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * Tile::kStageBytes);
 
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -725,7 +660,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;
     __syncwarp();
   }
-  if constexpr (kCtaPerTile) add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared + kTcLutBytes + kTcCode2Bytes, rows, x_rows,
+  if constexpr (kCtaPerTile) add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared + kCodePairTableBytes + kTcCode2Bytes, rows, x_rows,
                                                         bias, out);
 }
 
@@ -944,7 +879,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   const int row_count = kRowLoop ? x_rows : 1;
   // Nested: the shared code map and nested absmax values (filled with the table), the offset, and where the CTA's
   // first block sits in its nested block.
-  const float* nested_code2 = reinterpret_cast<const float*>(or_lut + kTcLutBytes);
+  const float* nested_code2 = reinterpret_cast<const float*>(or_lut + kCodePairTableBytes);
   const float* nested_absmax2 = nested_code2 + kOrCode2Floats;
   float nested_offset = 0.0f;
   int nested_phase = 0;
@@ -1006,7 +941,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     if (x_row == 0) {
       fill_code_pair_table<T>(or_lut, quant_type);
       if constexpr (kNested) {  // the code map, and the nested absmax values of the CTA's range (0 past W's)
-        float* code2 = reinterpret_cast<float*>(or_lut + kTcLutBytes);
+        float* code2 = reinterpret_cast<float*>(or_lut + kCodePairTableBytes);
         for (int i = threadIdx.x; i < kOrCode2Floats; i += blockDim.x) code2[i] = nested.code2[i];
         const int64_t first = cta.first * row_scales >> nested.nested_blocksize_log2;
         const int64_t there = ((rows * row_scales - 1) >> nested.nested_blocksize_log2) + 1 - first;
@@ -1100,7 +1035,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
             a_fragment(j, lo, hi, lut, lane4, a);
             if constexpr (MmaOperand<T>::kSplit) {  // the small products first
               uint32_t a_lo[4];
-              a_fragment(j, lo, hi, lut + kTcLutEntryBytes / 2, lane4, a_lo);
+              a_fragment(j, lo, hi, lut + kCodePairEntryBytes / 2, lane4, a_lo);
               mma_16816<M>(sums, a_lo, x_hi[2 * j], x_hi[2 * j + 1], sums);
               mma_16816<M>(sums, a, x_lo[2 * j], x_lo[2 * j + 1], sums);
             }
@@ -1270,10 +1205,10 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
     constexpr bool kRowLoop = decltype(row_loop_constant)::value;
     constexpr bool kNested = decltype(nested_constant)::value;
     const auto kernel = one_row_gemv_kernel<T, kHalfStep, kRowLoop, kNested>;
-    constexpr int kMostSharedBytes = kTcLutBytes + (kNested ? kOrNestedSharedBytes : 0);
+    constexpr int kMostSharedBytes = kCodePairTableBytes + (kNested ? kOrNestedSharedBytes : 0);
     static std::atomic<int64_t> resident[64] = {};  // one cache per instance
     prepare_kernel(resident, kernel, kOrWarps * 32, kMostSharedBytes);
-    const int shared_bytes = kTcLutBytes + (kNested ? (kOrCode2Floats + nested_blocks) * 4 : 0);
+    const int shared_bytes = kCodePairTableBytes + (kNested ? (kOrCode2Floats + nested_blocks) * 4 : 0);
     kernel<<<grid, kOrWarps * 32, shared_bytes, stream>>>(x, packed, scales.absmax, spec.quant_type,
                                                            spec.blocksize_log2, rows, cols, static_cast<int>(x_rows),
                                                            bias, out, scales, nested_blocks);
@@ -1386,7 +1321,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
                             one_row_gemv_applies(1, scales, spec.blocksize_log2, rows, cols, true);
   // fp16 / bf16 x of more than one launch's rows: the many-rows kernel up to its limit (ops.h)
   const bool many_rows = tensor_cores && x_rows > kTensorCoreGemvLaunchRows &&
-                         x_rows <= many_rows_gemv_max_rows(rows, cols, peak_memory_GBps()) && many_rows_gemv_fits(rows);
+                         x_rows <= many_rows_gemv_max_rows(rows, cols, peak_memory_GBps()) &&
+                         many_rows_gemv_fits(rows, cols, x_rows);
   const int64_t fused_max_rows = many_rows      ? x_rows
                                  : tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
                                  : one_row_fp32 ? one_row_fp32_max_rows(rows, cols)

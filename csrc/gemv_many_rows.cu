@@ -6,18 +6,20 @@
 // kTensorCoreGemvRowLimits W was dequantized to a 16-bit temporary for cuBLAS (written and read again: on Llama's
 // gate/up 4x the packed bytes).
 //
-// Layout. A CTA (m tile, n tile, K split) takes W rows [128 n, 128 n + 128), x rows [32 m, 32 m + 32) and the K
-// steps (64 elements, one absmax block per row) of split z; its 4 warps take 32 W rows each (two mma m-tiles) by
-// the 32 x rows (four mma n-tiles). Each step the CTA copies the tile's packed bytes and x rows into a ring of
-// kMrStages stages with cp.async (three steps in flight), and each warp decodes its own W rows from the stage
-// straight into mma A fragments (one lookup per packed byte in a table of code pairs), reads the x rows with
+// Layout. A tile is 128 W rows by 32 x rows over all of K, in steps of 64 elements (one absmax block per row); a
+// CTA's 4 warps take 32 W rows each (two mma m-tiles) by the 32 x rows (four mma n-tiles). The tiles' steps, laid
+// end to end, are cut into one run per resident CTA (stream-K: run_begin), so every SM gets the same work whatever
+// the layer's tile count. Each step the CTA copies the tile's packed bytes and x rows into a ring of kMrStages
+// stages with cp.async (three steps in flight, across tile ends), and each warp decodes its own W rows from the
+// stage straight into mma A fragments (one lookup per packed byte in the code pair table), reads the x rows with
 // ldmatrix (16-byte XOR swizzle, no bank conflicts) and multiplies on mma.sync; each step's fp32 sums are scaled by
-// the rows' absmax and added, as in the tensor-core kernel. The m tiles are blockIdx.x, so the CTAs that read the
-// same W rows run side by side and all but the first find them in L2. Layers with fewer tiles than resident CTAs
-// split K (kMrMinStepsPerSplit steps at least), each split writing fp32 partial sums that a second kernel adds in
-// split order, so every run gives the same bits (the split count depends on the x tiles too, so a row's bits may
-// differ between calls of different row counts; unlike the launches of 16 rows, no such equality is promised). Earlier versions, which decoded W into shared memory for ldmatrix
-// or with byte-permute arithmetic, were 1.3-2.3x slower (benchmarks/NOTES.md, gemv row 63).
+// the rows' absmax and added, as in the tensor-core kernel. A tile that one CTA finished is written with its bias;
+// the parts of a tile shared by two or more runs go to an fp32 buffer, which a second kernel adds in run order, so
+// every call gives the same bits (the runs depend on the x tiles too, so a row's bits may differ between calls of
+// different row counts; unlike the launches of 16 rows, no such equality is promised). Earlier versions, which
+// decoded W into shared memory for ldmatrix or with byte-permute arithmetic, were 1.3-2.3x slower, and one with a
+// grid of tiles (K split only where the tiles left half the CTAs idle) and two CTAs per SM was up to ~1.5x slower
+// (benchmarks/NOTES.md, gemv rows 63-64).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -26,6 +28,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "code_pair_table.cuh"
 #include "cuda_types.cuh"
 #include "launch_cache.h"
 #include "mma_sync.cuh"
@@ -36,44 +39,80 @@ namespace {
 
 constexpr int kMrWarpsN = 4;                          // warps along W's rows
 constexpr int kMrWarpRows = 32;                       // W rows per warp: two mma m-tiles of 16
-constexpr int kMrTileRows = kMrWarpsN * kMrWarpRows;  // W rows per CTA
+constexpr int kMrTileRows = kMrWarpsN * kMrWarpRows;  // W rows per tile
 constexpr int kMrStep = 64;                           // K elements per step: 4 mma k-tiles, one absmax block
 constexpr int kMrStepBytes = kMrStep / 2;             // packed bytes of a row's step
 constexpr int kMrRowBytes = kMrStep * 2;              // an x row's step: 8 chunks of 16 bytes
 constexpr int kMrStages = 4;                          // cp.async ring: the step multiplied, three more in flight
-constexpr int kMrMinStepsPerSplit = 8;
-constexpr int64_t kMrMaxTiles = 65535;                // W tiles and K splits: grid dimensions y and z
-constexpr int kMrXTileRows = 32;                      // x rows per CTA: four mma n-tiles of 8
+constexpr int kMrMinStepsPerCta = 8;                  // the shortest run of steps worth a CTA
+constexpr int kMrXTileRows = 32;                      // x rows per tile: four mma n-tiles of 8
 constexpr int kMrThreads = kMrWarpsN * 32;
 constexpr int kMrNTiles = kMrXTileRows / 8;
+constexpr int kMrTileOutputs = kMrXTileRows * kMrTileRows;  // a tile's sums, as one part in the partial buffer
 constexpr int kMrPackedBytes = kMrTileRows * kMrStepBytes;  // a stage: W's packed bytes, then x
 constexpr int kMrXBytes = kMrXTileRows * kMrRowBytes;
 constexpr int kMrStageBytes = kMrPackedBytes + kMrXBytes;
 static_assert(kMrPackedBytes % (16 * kMrThreads) == 0 && kMrXBytes % (16 * kMrThreads) == 0, "whole 16-byte copies");
 
-// Each packed byte is decoded by one shared-memory load from a table of its two code values as an mma operand
-// word (the even element, the byte's high nibble, in the low half). Entry e holds 32 copies of its word, one per
-// lane, 256 bytes apart, so that the lanes of a warp never meet in a bank, and a lane's offset in the table is one
-// byte permute: the byte in bits 8-15, 4 x lane in 0-7 (as the tensor-core kernel's table, csrc/gemv.cu).
-constexpr int kMrTableBytes = 256 * 256;
+// CTAs per SM the kernel is built for (its registers: 65536 / (128 x 3) = 170 each): measured against 2 in
+// benchmarks/NOTES.md gemv row 64. A tuning build may set it with -DNF4_MR_CTAS_PER_SM=n.
+#ifndef NF4_MR_CTAS_PER_SM
+#define NF4_MR_CTAS_PER_SM 3
+#endif
+constexpr int kMrCtasPerSm = NF4_MR_CTAS_PER_SM;
 
-// The code pair table, the stages, then (nested) the 256-entry code map: 97 KB, two CTAs per SM on an H100.
-constexpr int kMrSharedBytes = kMrTableBytes + kMrStages * kMrStageBytes + 256 * 4;
+// Shared memory: the code pair table (csrc/code_pair_table.cuh), whose entries' unused last 128 bytes hold the
+// ring of stages, then (nested) the 256-entry code map: 65 KB, three CTAs per SM on an H100 (a separate ring
+// would make it 97 KB, two). Ring byte L (stage s at L = s * kMrStageBytes: the tile's packed bytes, then its x
+// rows) lies in the second half of table entry L / 128; 16-byte pieces never straddle two halves, and a byte's
+// bank is the same as in a plain layout (L % 128 / 4).
+static_assert(kMrStages * kMrStageBytes <= 256 * (kCodePairEntryBytes - 128) && kMrStageBytes % 128 == 0,
+              "the ring fills the table entries' second halves in whole 128-byte pieces");
+constexpr int kMrSharedBytes = kCodePairTableBytes + 256 * 4;
 
-// Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` in the swizzled x tile.
-__device__ __forceinline__ uint32_t swizzled(int row, int chunk) {
-  return static_cast<uint32_t>(row * kMrRowBytes + ((chunk ^ (row & 7)) << 4));
+__device__ __forceinline__ uint32_t ring_offset(uint32_t linear) {
+  return linear / 128 * kCodePairEntryBytes + 128 + linear % 128;
 }
 
-template <typename T>
-__device__ __forceinline__ uint16_t bits16(float v) {
-  const T h = from_float<T>(v);
-  return *reinterpret_cast<const uint16_t*>(&h);
+// Ring offset of stage `stage`'s byte `linear` (within the stage).
+__device__ __forceinline__ uint32_t stage_offset(int stage, uint32_t linear) {
+  return static_cast<uint32_t>(stage) * (kMrStageBytes / 128 * kCodePairEntryBytes) + ring_offset(linear);
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t code_pair(float first, float second) {
-  return uint32_t(bits16<T>(first)) | uint32_t(bits16<T>(second)) << 16;
+// Offset in a stage (before ring_offset) of 16-byte chunk `chunk` (0..7) of the x tile's 128-byte row `row`:
+// the chunks are XOR-swizzled so that ldmatrix's 8 rows of a matrix fall in 8 different bank groups.
+__device__ __forceinline__ uint32_t x_chunk(int row, int chunk) {
+  return static_cast<uint32_t>(kMrPackedBytes + row * kMrRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+// The work is units, unit = (W tile n * m_tiles + x tile m) * steps + K step: the m tiles of one W tile side by
+// side, so that CTAs reading the same W rows run at about the same time and all but the first find them in L2.
+// CTA c of `ctas` takes units [run_begin(c), run_begin(c + 1)), whatever tiles they fall in (stream-K), so every
+// CTA has the same number of steps however the tiles fill the GPU's slots.
+__host__ __device__ __forceinline__ int64_t run_begin(int64_t cta, int64_t units, int64_t ctas) {
+  return cta * units / ctas;
+}
+// The CTA whose run holds `unit`.
+__host__ __device__ __forceinline__ int64_t run_of(int64_t unit, int64_t units, int64_t ctas) {
+  return ((unit + 1) * ctas - 1) / units;
+}
+
+// A place in a CTA's run: a step of tile (n_tile, m_tile). advance() moves to the next unit.
+struct UnitCursor {
+  int step, m_tile, n_tile;
+
+  __device__ __forceinline__ void advance(int steps, int m_tiles) {
+    if (++step == steps) {
+      step = 0;
+      if (++m_tile == m_tiles) m_tile = 0, ++n_tile;
+    }
+  }
+};
+
+__device__ __forceinline__ UnitCursor cursor_at(int64_t unit, int steps, int m_tiles) {
+  const int64_t tile = unit / steps;
+  return UnitCursor{static_cast<int>(unit - tile * steps), static_cast<int>(tile % m_tiles),
+                    static_cast<int>(tile / m_tiles)};
 }
 
 // What a lane loads ahead for one of its rows' scale of a step: the fp32 absmax, or (nested) the uint8 code and the
@@ -83,81 +122,85 @@ struct RawScale {
   uint32_t code;
 };
 
+// A tile finished by one CTA is written to `out` (with the bias); one that a CTA finished only part of (its run's
+// first or last tile) goes to the partial buffer, parts [2 c] (the run's first tile) and [2 c + 1] (its last), for
+// add_run_parts_kernel.
 template <typename T, bool kNested>
-__global__ void __launch_bounds__(kMrThreads, 2)
+__global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
     many_rows_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                           QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
-                          int steps_per_split, const T* __restrict__ bias, T* __restrict__ out,
+                          int m_tiles, int64_t units, const T* __restrict__ bias, T* __restrict__ out,
                           float* __restrict__ partial) {
   constexpr int kThreads = kMrThreads, kNTiles = kMrNTiles;
   extern __shared__ __align__(128) uint8_t mr_shared[];
-  uint8_t* const stage_bytes = mr_shared + kMrTableBytes;
-  const uint32_t stages = static_cast<uint32_t>(__cvta_generic_to_shared(stage_bytes));
-  float* code2 = reinterpret_cast<float*>(stage_bytes + kMrStages * kMrStageBytes);
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(mr_shared));
+  float* code2 = reinterpret_cast<float*>(mr_shared + kCodePairTableBytes);
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
-  const int m0 = blockIdx.x * kMrXTileRows;
-  const int64_t n0 = int64_t{blockIdx.y} * kMrTileRows;
-  const int total_steps = static_cast<int>(cols / kMrStep);
-  const int first_step = blockIdx.z * steps_per_split;
-  const int count = min(steps_per_split, total_steps - first_step);  // >= 1 (the host's split rule)
+  const int steps = static_cast<int>(cols / kMrStep);
+  const int64_t begin = run_begin(blockIdx.x, units, gridDim.x);
+  const int count = static_cast<int>(run_begin(blockIdx.x + 1, units, gridDim.x) - begin);  // >= 1 (the host's rule)
   const int64_t row_bytes = cols / 2;
+  // The run's places: of the next copies, of the next scale loads, and of the step being multiplied.
+  UnitCursor copy_at = cursor_at(begin, steps, m_tiles), scale_at = copy_at, now_at = copy_at;
 
-  {
-    const CodeTable codes = code_table(quant_type);
-    for (int chunk = tid; chunk < kMrTableBytes / 16; chunk += kThreads) {  // 16 chunks of 4 copies per entry
-      const int byte = chunk / 16;
-      const uint32_t pair = code_pair<T>(codes.value[byte >> 4], codes.value[byte & 0x0F]);
-      reinterpret_cast<uint4*>(mr_shared)[chunk] = make_uint4(pair, pair, pair, pair);
-    }
-  }
+  fill_code_pair_table<T>(mr_shared, quant_type);
   float nested_offset = 0.0f;
   if constexpr (kNested) {
     for (int i = tid; i < 256; i += kThreads) code2[i] = scales.code2[i];
     nested_offset = *scales.offset;
   }
 
-  // Step j of this CTA (j < count) into stage j % kMrStages: 16-byte pieces of the tile's packed rows (rows past
-  // W's end copy nothing: zeros) and of its x rows (zeros past x's). Every call commits a group, an empty one past
-  // the end, so that the waits count the same.
+  // The run's step j (called for j = 0, 1, 2, ... in turn) into stage j % kMrStages: 16-byte pieces of the tile's
+  // packed rows (rows past W's end copy nothing: zeros) and of its x rows (zeros past x's). Every call commits a
+  // group, an empty one past the run's end, so that the waits count the same.
   const auto issue = [&](int j) {
     if (j < count) {
-      const int64_t k_byte = int64_t{first_step + j} * kMrStepBytes;
-      const uint32_t stage = stages + (j % kMrStages) * kMrStageBytes;
+      const int64_t n0 = int64_t{copy_at.n_tile} * kMrTileRows, k_byte = int64_t{copy_at.step} * kMrStepBytes;
+      const int m0 = copy_at.m_tile * kMrXTileRows;
+      const int stage = j % kMrStages;
 #pragma unroll
       for (int i = 0; i < kMrPackedBytes / 16 / kThreads; ++i) {
         const int piece = tid + i * kThreads, tile_row = piece / 2;
         const bool there = n0 + tile_row < rows;
         const uint8_t* from = packed + (there ? (n0 + tile_row) * row_bytes + k_byte + (piece % 2) * 16 : 0);
-        copy_async<16>(stage + piece * 16, from, there ? 16 : 0);
+        copy_async<16>(ring + stage_offset(stage, piece * 16), from, there ? 16 : 0);
       }
 #pragma unroll
       for (int i = 0; i < kMrXBytes / 16 / kThreads; ++i) {
         const int piece = tid + i * kThreads, x_row = piece / 8, chunk = piece % 8;
         const bool there = m0 + x_row < x_rows;
         const T* from = x + (there ? int64_t{m0 + x_row} * cols + k_byte * 2 + chunk * 8 : 0);
-        copy_async<16>(stage + kMrPackedBytes + swizzled(x_row, chunk), from, there ? 16 : 0);
+        copy_async<16>(ring + stage_offset(stage, x_chunk(x_row, chunk)), from, there ? 16 : 0);
       }
+      copy_at.advance(steps, m_tiles);
     }
     copy_async_commit();
   };
 
   // The lane's W rows: of m-tile mt, tile rows 16 mt + g (its A fragment's rows 0-7) and 16 mt + g + 8 (8-15).
   const auto lane_row = [&](int mt, int h) { return warp * kMrWarpRows + 16 * mt + g + 8 * h; };
-  const auto load_scale = [&](int j, int mt, int h) -> RawScale {
-    RawScale raw = {0.0f, 0};
-    const int64_t n = n0 + lane_row(mt, h);
-    if (j < count && n < rows) {
-      const int64_t block = (n * cols + int64_t{first_step + j} * kMrStep) >> blocksize_log2;
-      if constexpr (kNested) {
-        raw.code = __ldg(scales.codes + block);
-        raw.value = __ldg(scales.absmax2 + (block >> scales.nested_blocksize_log2));
-      } else {
-        raw.value = __ldg(scales.absmax + block);
+  // The scales of the run's step j (called for j = 0, 1, 2, ... in turn; zeros past the run's end).
+  const auto load_scales = [&](int j, RawScale (&raw)[2][2]) {
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        raw[mt][h] = RawScale{0.0f, 0};
+        const int64_t n = int64_t{scale_at.n_tile} * kMrTileRows + lane_row(mt, h);
+        if (j < count && n < rows) {
+          const int64_t block = (n * cols + int64_t{scale_at.step} * kMrStep) >> blocksize_log2;
+          if constexpr (kNested) {
+            raw[mt][h].code = __ldg(scales.codes + block);
+            raw[mt][h].value = __ldg(scales.absmax2 + (block >> scales.nested_blocksize_log2));
+          } else {
+            raw[mt][h].value = __ldg(scales.absmax + block);
+          }
+        }
       }
     }
-    return raw;
+    if (j < count) scale_at.advance(steps, m_tiles);
   };
   const auto scale_of = [&](const RawScale& raw) -> float {
     if constexpr (kNested) {
@@ -176,17 +219,17 @@ __global__ void __launch_bounds__(kMrThreads, 2)
     return *reinterpret_cast<const uint32_t*>(mr_shared + __byte_perm(word, lane4, table_offset));
   };
   const int b_row = (lane / 16) * 8 + lane % 8;  // ldmatrix: + 16 p
-  const int b_chunk = lane / 8 % 2;                                       // + 2 kk
+  const int b_chunk = lane / 8 % 2;              // + 2 kk
   float acc[2][kNTiles][4] = {};
   const auto multiply = [&](int j, const RawScale (&raw)[2][2]) {
-    const uint8_t* stage = stage_bytes + (j % kMrStages) * kMrStageBytes;
-    const uint32_t x_tile = stages + (j % kMrStages) * kMrStageBytes + kMrPackedBytes;
+    const int stage = j % kMrStages;
     uint32_t a[4][2][4];  // [k-tile][m-tile][A register]
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint4* row = reinterpret_cast<const uint4*>(stage + lane_row(mt, h) * kMrStepBytes);
+        const uint4* row =
+            reinterpret_cast<const uint4*>(mr_shared + stage_offset(stage, lane_row(mt, h) * kMrStepBytes));
         const uint4 w0 = row[0], w1 = row[1];
         a[0][mt][h] = lookup(w0.x), a[0][mt][2 + h] = lookup(w0.y);
         a[1][mt][h] = lookup(w0.z), a[1][mt][2 + h] = lookup(w0.w);
@@ -200,7 +243,7 @@ __global__ void __launch_bounds__(kMrThreads, 2)
 #pragma unroll
       for (int p = 0; p < kNTiles / 2; ++p) {
         uint32_t b[4];
-        load_matrix_x4(x_tile + swizzled(b_row + 16 * p, b_chunk + 2 * kk), b);
+        load_matrix_x4(ring + stage_offset(stage, x_chunk(b_row + 16 * p, b_chunk + 2 * kk)), b);
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           mma_16816<T>(sums[mt][2 * p], a[kk][mt], b[0], b[1], sums[mt][2 * p]);
@@ -221,66 +264,90 @@ __global__ void __launch_bounds__(kMrThreads, 2)
     }
   };
 
-  // Pipeline: before turn i, steps up to i + kMrStages - 2 are issued; turn i waits for step i's copies, and after
-  // the barrier (every warp is past step i - 1, and step i's copies by every thread are visible) issues step
-  // i + kMrStages - 1 into the stage step i - 1 used, then decodes and multiplies step i. Scales are loaded two
-  // steps ahead.
-#pragma unroll
-  for (int j = 0; j < kMrStages - 1; ++j) issue(j);
-  RawScale ahead[2][2][2];  // [steps i, i + 1][m-tile][row g, g + 8]
-#pragma unroll
-  for (int d = 0; d < 2; ++d) {
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt) ahead[d][mt][0] = load_scale(d, mt, 0), ahead[d][mt][1] = load_scale(d, mt, 1);
-  }
-  for (int i = 0; i < count; ++i) {
-    copy_async_wait<kMrStages - 2>();
-    __syncthreads();
-    issue(i + kMrStages - 1);
-    const RawScale now[2][2] = {{ahead[0][0][0], ahead[0][0][1]}, {ahead[0][1][0], ahead[0][1][1]}};
+  // The sums of the tile at `at` into `part` (a part of the partial buffer, as [x row][tile row]) or, with
+  // part == nullptr, into `out` with the bias; then zeroed for the next tile. Lane (g, t) holds, per m-tile and
+  // n-tile, W rows g and g + 8 by x rows 2t and 2t + 1.
+  const auto store = [&](const UnitCursor& at, float* part) {
+    const int64_t n0 = int64_t{at.n_tile} * kMrTileRows;
+    const int m0 = at.m_tile * kMrXTileRows;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
-      ahead[0][mt][0] = ahead[1][mt][0], ahead[0][mt][1] = ahead[1][mt][1];
-      ahead[1][mt][0] = load_scale(i + 2, mt, 0), ahead[1][mt][1] = load_scale(i + 2, mt, 1);
-    }
-    multiply(i, now);
-  }
-
-  // Lane (g, t) holds, per m-tile and n-tile, W rows g and g + 8 by x rows 2t and 2t + 1.
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+      for (int h = 0; h < 2; ++h) {
+        const int tile_row = lane_row(mt, h);
+        const int64_t n = n0 + tile_row;
+        const float bias_n = bias != nullptr && part == nullptr && n < rows ? to_float(bias[n]) : 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t n = n0 + lane_row(mt, h);
-      if (n >= rows) continue;
-      const float bias_n = bias != nullptr && partial == nullptr ? to_float(bias[n]) : 0.0f;
+        for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int m = m0 + 8 * nt + 2 * t + c;
-          if (m >= x_rows) continue;
-          const float v = acc[mt][nt][2 * h + c];
-          if (partial != nullptr) {
-            partial[(int64_t{blockIdx.z} * x_rows + m) * rows + n] = v;
-          } else {
-            out[int64_t{m} * rows + n] = from_float<T>(v + bias_n);
+          for (int c = 0; c < 2; ++c) {
+            const int x_row = 8 * nt + 2 * t + c, m = m0 + x_row;
+            float& v = acc[mt][nt][2 * h + c];
+            if (n < rows && m < x_rows) {
+              if (part != nullptr) {
+                part[x_row * kMrTileRows + tile_row] = v;
+              } else {
+                out[int64_t{m} * rows + n] = from_float<T>(v + bias_n);
+              }
+            }
+            v = 0.0f;
           }
         }
       }
     }
+  };
+
+  // Pipeline: before turn i, steps up to i + kMrStages - 2 are issued; turn i waits for step i's copies, and after
+  // the barrier (every warp is past step i - 1, and step i's copies by every thread are visible; the first time,
+  // the table too) issues step i + kMrStages - 1 into the stage step i - 1 used, then decodes and multiplies step
+  // i. Scales are loaded two steps ahead. A tile's last step in the run ends with its store.
+#pragma unroll
+  for (int j = 0; j < kMrStages - 1; ++j) issue(j);
+  RawScale now[2][2], next[2][2];
+  load_scales(0, now);
+  load_scales(1, next);
+  int first_step = now_at.step;  // of the tile being summed
+  bool first_tile = true;        // of the run
+  for (int i = 0; i < count; ++i) {
+    copy_async_wait<kMrStages - 2>();
+    __syncthreads();
+    issue(i + kMrStages - 1);
+    const RawScale raw[2][2] = {{now[0][0], now[0][1]}, {now[1][0], now[1][1]}};
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) now[mt][0] = next[mt][0], now[mt][1] = next[mt][1];
+    load_scales(i + 2, next);
+    multiply(i, raw);
+    const bool tile_end = now_at.step == steps - 1;
+    if (tile_end || i == count - 1) {
+      const bool whole = first_step == 0 && tile_end;
+      store(now_at, whole ? nullptr : partial + (2 * int64_t{blockIdx.x} + (first_tile ? 0 : 1)) * kMrTileOutputs);
+      first_step = 0;
+      first_tile = false;
+    }
+    now_at.advance(steps, m_tiles);
   }
 }
 
-// out[m, n] = sum over splits (in split order) of partial[split, m, n], plus bias[n].
+// The tiles that no one CTA finished (one CTA per tile; the others return at once): each output is the sum of the
+// tile's parts in run order, plus the bias, so every call gives the same bits. Thread r takes tile row r, for
+// each of the tile's x rows.
 template <typename T>
-__global__ void add_split_parts_kernel(const float* __restrict__ partial, int splits, int64_t outputs, int64_t rows,
-                                       const T* __restrict__ bias, T* __restrict__ out) {
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < outputs; i += int64_t{gridDim.x} * blockDim.x) {
-    float sum = partial[i];
-    for (int z = 1; z < splits; ++z) sum += partial[int64_t{z} * outputs + i];
-    if (bias != nullptr) sum += to_float(bias[i % rows]);
-    out[i] = from_float<T>(sum);
+__global__ void __launch_bounds__(kMrTileRows)
+    add_run_parts_kernel(const float* __restrict__ partial, int64_t units, int ctas, int steps, int m_tiles,
+                         int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  const int64_t tile = blockIdx.x, first_unit = tile * steps;
+  const int64_t first = run_of(first_unit, units, ctas), last = run_of(first_unit + steps - 1, units, ctas);
+  const int64_t n = tile / m_tiles * kMrTileRows + threadIdx.x;
+  if (first == last || n >= rows) return;
+  // The first CTA's part is its run's last tile, unless its run starts at this tile (then it is its only one).
+  const int64_t first_part = 2 * first + (run_begin(first, units, ctas) < first_unit ? 1 : 0);
+  const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;
+  const int m0 = static_cast<int>(tile % m_tiles) * kMrXTileRows;
+  for (int x_row = 0; x_row < kMrXTileRows && m0 + x_row < x_rows; ++x_row) {
+    const int64_t at = x_row * kMrTileRows + threadIdx.x;
+    float sum = partial[first_part * kMrTileOutputs + at];
+    for (int64_t cta = first + 1; cta <= last; ++cta) sum += partial[2 * cta * kMrTileOutputs + at];
+    out[(m0 + x_row) * rows + n] = from_float<T>(sum + bias_n);
   }
 }
 
@@ -293,43 +360,37 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
   const int64_t resident = per_sm * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int64_t m_tiles = (x_rows + kMrXTileRows - 1) / kMrXTileRows;
   const int64_t n_tiles = (rows + kMrTileRows - 1) / kMrTileRows;
-  const int64_t total_steps = cols / kMrStep;
-  // Splits of K where the tiles leave at least half the resident CTAs idle, each of kMrMinStepsPerSplit steps or
-  // more; the split count is then recomputed so that none is empty.
-  int64_t splits = 1;
-  if (m_tiles * n_tiles * 2 <= resident) {
-    splits = std::max<int64_t>(1, std::min(resident / (m_tiles * n_tiles), total_steps / kMrMinStepsPerSplit));
-  }
-  const int64_t steps_per_split = (total_steps + splits - 1) / splits;
-  splits = (total_steps + steps_per_split - 1) / steps_per_split;
-  TORCH_INTERNAL_ASSERT(m_tiles <= INT32_MAX && n_tiles <= kMrMaxTiles && splits <= kMrMaxTiles && x_rows <= INT32_MAX);
+  const int64_t steps = cols / kMrStep;
+  const int64_t units = m_tiles * n_tiles * steps;
+  // Every resident CTA, unless that leaves runs of fewer than kMrMinStepsPerCta steps.
+  const int64_t ctas = std::max<int64_t>(1, std::min(resident, units / kMrMinStepsPerCta));
+  // Parts to add: unless every run is whole tiles.
+  const bool parts = units % ctas != 0 || units / ctas % steps != 0;
+  TORCH_INTERNAL_ASSERT(units <= INT32_MAX && x_rows <= INT32_MAX);  // many_rows_gemv_fits
   at::Tensor partial;
   float* partial_data = nullptr;
-  if (splits > 1) {
-    partial = at::empty({splits, x_rows, rows}, like.options().dtype(at::kFloat));
+  if (parts) {
+    partial = at::empty({2 * ctas, kMrTileOutputs}, like.options().dtype(at::kFloat));
     partial_data = partial.mutable_data_ptr<float>();
   }
-  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles), static_cast<unsigned>(splits));
-  kernel<<<grid, kMrThreads, kMrSharedBytes, stream>>>(x, packed, scales, spec.quant_type, spec.blocksize_log2,
-                                                            rows, cols, static_cast<int>(x_rows),
-                                                            static_cast<int>(steps_per_split), bias, out,
-                                                            partial_data);
+  kernel<<<static_cast<unsigned>(ctas), kMrThreads, kMrSharedBytes, stream>>>(
+      x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows),
+      static_cast<int>(m_tiles), units, bias, out, partial_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (splits > 1) {
-    const int64_t outputs = x_rows * rows;
-    const int threads = 256;
-    const int blocks = static_cast<int>(std::min<int64_t>((outputs + threads - 1) / threads, resident * 8));
-    add_split_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial_data, static_cast<int>(splits), outputs, rows,
-                                                              bias, out);
+  if (parts) {
+    add_run_parts_kernel<T><<<static_cast<unsigned>(m_tiles * n_tiles), kMrTileRows, 0, stream>>>(
+        partial_data, units, static_cast<int>(ctas), static_cast<int>(steps), static_cast<int>(m_tiles), rows,
+        static_cast<int>(x_rows), bias, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
 
 }  // namespace
 
-bool many_rows_gemv_fits(int64_t rows) {
+bool many_rows_gemv_fits(int64_t rows, int64_t cols, int64_t x_rows) {
+  const int64_t tiles = ((rows + kMrTileRows - 1) / kMrTileRows) * ((x_rows + kMrXTileRows - 1) / kMrXTileRows);
   return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin >= size_t{kMrSharedBytes} &&
-         (rows + kMrTileRows - 1) / kMrTileRows <= kMrMaxTiles;
+         tiles <= INT32_MAX / std::max<int64_t>(1, cols / kMrStep);
 }
 
 void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const BlockScales& scales,

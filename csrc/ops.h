@@ -79,10 +79,10 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS);
 at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS);
 void dequantize_out_cuda(NF4_DEQUANTIZE_PARAMS, at::Tensor& out);
 at::Tensor gemv_cuda(NF4_GEMV_PARAMS);
-// The many-rows kernel (csrc/gemv_many_rows.cu): whether it fits this GPU (its shared memory) and a W of `rows`
-// rows (its launch grid), and one call of it on fp16 / bf16 x_2d (whose layout tensor_core_gemv_applies accepted)
-// into `out` [x rows, N].
-bool many_rows_gemv_fits(int64_t rows);
+// The many-rows kernel (csrc/gemv_many_rows.cu): whether it fits this GPU (its shared memory) and a call on a W of
+// `rows` x `cols` with `x_rows` rows of x (its work counted in 32-bit), and one call of it on fp16 / bf16 x_2d (whose
+// layout tensor_core_gemv_applies accepted) into `out` [x rows, N].
+bool many_rows_gemv_fits(int64_t rows, int64_t cols, int64_t x_rows);
 void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const BlockScales& scales,
                            const WeightSpec& spec, const at::Tensor& bias, at::Tensor& out);
 
