@@ -70,7 +70,7 @@ static_assert(kMrStages * kMrStageBytes <= 256 * (kCodePairEntryBytes - 128) && 
               "the ring fills the table entries' second halves in whole 128-byte pieces");
 constexpr int kMrSharedBytes = kCodePairTableBytes + 256 * 4;
 
-__device__ __forceinline__ uint32_t ring_offset(uint32_t linear) {
+__host__ __device__ constexpr uint32_t ring_offset(uint32_t linear) {
   return linear / 128 * kCodePairEntryBytes + 128 + linear % 128;
 }
 
@@ -81,7 +81,7 @@ __device__ __forceinline__ uint32_t stage_offset(int stage, uint32_t linear) {
 
 // Offset in a stage (before ring_offset) of 16-byte chunk `chunk` (0..7) of the x tile's 128-byte row `row`:
 // the chunks are XOR-swizzled so that ldmatrix's 8 rows of a matrix fall in 8 different bank groups.
-__device__ __forceinline__ uint32_t x_chunk(int row, int chunk) {
+__host__ __device__ constexpr uint32_t x_chunk(int row, int chunk) {
   return static_cast<uint32_t>(kMrPackedBytes + row * kMrRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
@@ -152,45 +152,68 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
     nested_offset = *scales.offset;
   }
 
-  // The run's step j (called for j = 0, 1, 2, ... in turn) into stage j % kMrStages: 16-byte pieces of the tile's
-  // packed rows (rows past W's end copy nothing: zeros) and of its x rows (zeros past x's). Every call commits a
-  // group, an empty one past the run's end, so that the waits count the same.
+  // The run's step j (called for j = 0, 1, 2, ... in turn) into stage j % kMrStages: thread tid copies W pieces
+  // tid and tid + 128 (16 bytes at (tid % 2) * 16 of tile rows tid / 2 and tid / 2 + 64; rows past W's end copy
+  // nothing: zeros) and x pieces tid and tid + 128 (chunk tid % 8 of x rows tid / 8 and tid / 8 + 16; zeros past
+  // x's end). The sources move on by a step's bytes each call and are set afresh at each tile's first step. Every
+  // call commits a group, an empty one past the run's end, so that the waits count the same.
+  constexpr uint32_t kSecondPiece = ring_offset(16 * kMrThreads) - ring_offset(0);  // the same for W and x
+  static_assert(ring_offset(x_chunk(kMrXTileRows / 2, 0)) - ring_offset(x_chunk(0, 0)) == kSecondPiece);
+  const uint32_t w_dst = ring + ring_offset(tid * 16), x_dst = ring + ring_offset(x_chunk(tid / 8, tid % 8));
+  const int64_t w_second = int64_t{kMrTileRows / 2} * row_bytes, x_second = int64_t{kMrXTileRows / 2} * cols;
+  const uint8_t* w_src = nullptr;
+  const T* x_src = nullptr;
+  bool w_there[2], x_there[2];
+  const auto aim_copies = [&] {
+    const int64_t n = int64_t{copy_at.n_tile} * kMrTileRows + tid / 2;
+    const int m = copy_at.m_tile * kMrXTileRows + tid / 8;
+    w_there[0] = n < rows, w_there[1] = n + kMrTileRows / 2 < rows;
+    x_there[0] = m < x_rows, x_there[1] = m + kMrXTileRows / 2 < x_rows;
+    w_src = packed + (w_there[0] ? n * row_bytes + (tid % 2) * 16 + copy_at.step * kMrStepBytes : 0);
+    x_src = x + (x_there[0] ? int64_t{m} * cols + (tid % 8) * 8 + copy_at.step * kMrStep : 0);
+  };
+  aim_copies();
   const auto issue = [&](int j) {
     if (j < count) {
-      const int64_t n0 = int64_t{copy_at.n_tile} * kMrTileRows, k_byte = int64_t{copy_at.step} * kMrStepBytes;
-      const int m0 = copy_at.m_tile * kMrXTileRows;
-      const int stage = j % kMrStages;
-#pragma unroll
-      for (int i = 0; i < kMrPackedBytes / 16 / kThreads; ++i) {
-        const int piece = tid + i * kThreads, tile_row = piece / 2;
-        const bool there = n0 + tile_row < rows;
-        const uint8_t* from = packed + (there ? (n0 + tile_row) * row_bytes + k_byte + (piece % 2) * 16 : 0);
-        copy_async<16>(ring + stage_offset(stage, piece * 16), from, there ? 16 : 0);
-      }
-#pragma unroll
-      for (int i = 0; i < kMrXBytes / 16 / kThreads; ++i) {
-        const int piece = tid + i * kThreads, x_row = piece / 8, chunk = piece % 8;
-        const bool there = m0 + x_row < x_rows;
-        const T* from = x + (there ? int64_t{m0 + x_row} * cols + k_byte * 2 + chunk * 8 : 0);
-        copy_async<16>(ring + stage_offset(stage, x_chunk(x_row, chunk)), from, there ? 16 : 0);
-      }
+      const uint32_t stage = stage_offset(j % kMrStages, 0) - ring_offset(0);
+      copy_async<16>(w_dst + stage, w_src, w_there[0] ? 16 : 0);
+      copy_async<16>(w_dst + stage + kSecondPiece, w_there[1] ? w_src + w_second : packed, w_there[1] ? 16 : 0);
+      copy_async<16>(x_dst + stage, x_src, x_there[0] ? 16 : 0);
+      copy_async<16>(x_dst + stage + kSecondPiece, x_there[1] ? x_src + x_second : x, x_there[1] ? 16 : 0);
       copy_at.advance(steps, m_tiles);
+      if (copy_at.step == 0) {
+        aim_copies();
+      } else {
+        w_src += w_there[0] ? kMrStepBytes : 0, x_src += x_there[0] ? kMrStep : 0;
+      }
     }
     copy_async_commit();
   };
 
   // The lane's W rows: of m-tile mt, tile rows 16 mt + g (its A fragment's rows 0-7) and 16 mt + g + 8 (8-15).
   const auto lane_row = [&](int mt, int h) { return warp * kMrWarpRows + 16 * mt + g + 8 * h; };
-  // The scales of the run's step j (called for j = 0, 1, 2, ... in turn; zeros past the run's end).
+  // The scales of the run's step j (called for j = 0, 1, 2, ... in turn; zeros past the run's end). Row n's
+  // absmax block at a step is (n * cols + step * 64) >> blocksize_log2 = chunk >> (blocksize_log2 - 6), chunk =
+  // n * steps + step its 64-element chunk (blocksize >= 64); `scale_chunk` is row lane_row(0, 0)'s, the others
+  // 8, 16 and 24 rows on.
+  const int chunk_shift = blocksize_log2 - 6;
+  int64_t scale_chunk = 0;
+  bool scale_there[2][2];
+  const auto aim_scales = [&] {
+    const int64_t n = int64_t{scale_at.n_tile} * kMrTileRows + lane_row(0, 0);
+    scale_chunk = n * steps + scale_at.step;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) scale_there[mt][0] = n + 16 * mt < rows, scale_there[mt][1] = n + 16 * mt + 8 < rows;
+  };
+  aim_scales();
   const auto load_scales = [&](int j, RawScale (&raw)[2][2]) {
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         raw[mt][h] = RawScale{0.0f, 0};
-        const int64_t n = int64_t{scale_at.n_tile} * kMrTileRows + lane_row(mt, h);
-        if (j < count && n < rows) {
-          const int64_t block = (n * cols + int64_t{scale_at.step} * kMrStep) >> blocksize_log2;
+        if (j < count && scale_there[mt][h]) {
+          const int64_t block = (scale_chunk + int64_t{16 * mt + 8 * h} * steps) >> chunk_shift;
           if constexpr (kNested) {
             raw[mt][h].code = __ldg(scales.codes + block);
             raw[mt][h].value = __ldg(scales.absmax2 + (block >> scales.nested_blocksize_log2));
@@ -200,7 +223,14 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
         }
       }
     }
-    if (j < count) scale_at.advance(steps, m_tiles);
+    if (j < count) {
+      scale_at.advance(steps, m_tiles);
+      if (scale_at.step == 0) {
+        aim_scales();
+      } else {
+        ++scale_chunk;
+      }
+    }
   };
   const auto scale_of = [&](const RawScale& raw) -> float {
     if constexpr (kNested) {
@@ -328,9 +358,11 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
   }
 }
 
-// The tiles that no one CTA finished (one CTA per tile; the others return at once): each output is the sum of the
-// tile's parts in run order, plus the bias, so every call gives the same bits. Thread r takes tile row r, for
-// each of the tile's x rows.
+// The tiles that no one CTA finished: each output is the sum of the tile's parts in run order, plus the bias, so
+// every call gives the same bits. CTA (tile, y) takes x rows [4 y, 4 y + 4) of the tile, thread r its W row r (the
+// CTAs of whole tiles return at once); the 4 rows' sums are independent loads in flight together.
+constexpr int kMrAddRows = 4;
+
 template <typename T>
 __global__ void __launch_bounds__(kMrTileRows)
     add_run_parts_kernel(const float* __restrict__ partial, int64_t units, int ctas, int steps, int m_tiles,
@@ -338,17 +370,34 @@ __global__ void __launch_bounds__(kMrTileRows)
   const int64_t tile = blockIdx.x, first_unit = tile * steps;
   const int64_t first = run_of(first_unit, units, ctas), last = run_of(first_unit + steps - 1, units, ctas);
   const int64_t n = tile / m_tiles * kMrTileRows + threadIdx.x;
-  if (first == last || n >= rows) return;
+  const int x_row0 = blockIdx.y * kMrAddRows, m0 = static_cast<int>(tile % m_tiles) * kMrXTileRows + x_row0;
+  if (first == last || n >= rows || m0 >= x_rows) return;
   // The first CTA's part is its run's last tile, unless its run starts at this tile (then it is its only one).
   const int64_t first_part = 2 * first + (run_begin(first, units, ctas) < first_unit ? 1 : 0);
-  const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;
-  const int m0 = static_cast<int>(tile % m_tiles) * kMrXTileRows;
-  for (int x_row = 0; x_row < kMrXTileRows && m0 + x_row < x_rows; ++x_row) {
-    const int64_t at = x_row * kMrTileRows + threadIdx.x;
-    float sum = partial[first_part * kMrTileOutputs + at];
-    for (int64_t cta = first + 1; cta <= last; ++cta) sum += partial[2 * cta * kMrTileOutputs + at];
-    out[(m0 + x_row) * rows + n] = from_float<T>(sum + bias_n);
+  const int valid = min(kMrAddRows, x_rows - m0);  // rows past x's end have no parts
+  const float* at = partial + x_row0 * kMrTileRows + threadIdx.x;
+  float sum[kMrAddRows];
+#pragma unroll
+  for (int r = 0; r < kMrAddRows; ++r) sum[r] = r < valid ? at[first_part * kMrTileOutputs + r * kMrTileRows] : 0.0f;
+  // Four parts' loads in flight at a time, added in run order (-0.0 adds nothing, not even to a -0.0 sum).
+  for (int64_t cta = first + 1; cta <= last; cta += 4) {
+    float part[4][kMrAddRows];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int r = 0; r < kMrAddRows; ++r) {
+        part[u][r] = cta + u <= last && r < valid ? at[2 * (cta + u) * kMrTileOutputs + r * kMrTileRows] : -0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int r = 0; r < kMrAddRows; ++r) sum[r] += part[u][r];
+    }
   }
+  const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;
+#pragma unroll
+  for (int r = 0; r < valid; ++r) out[(m0 + r) * rows + n] = from_float<T>(sum[r] + bias_n);
 }
 
 template <typename T, bool kNested>
@@ -378,7 +427,8 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
       static_cast<int>(m_tiles), units, bias, out, partial_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (parts) {
-    add_run_parts_kernel<T><<<static_cast<unsigned>(m_tiles * n_tiles), kMrTileRows, 0, stream>>>(
+    const dim3 add_grid(static_cast<unsigned>(m_tiles * n_tiles), kMrXTileRows / kMrAddRows);
+    add_run_parts_kernel<T><<<add_grid, kMrTileRows, 0, stream>>>(
         partial_data, units, static_cast<int>(ctas), static_cast<int>(steps), static_cast<int>(m_tiles), rows,
         static_cast<int>(x_rows), bias, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
