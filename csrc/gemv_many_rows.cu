@@ -54,16 +54,17 @@ constexpr int kMrXBytes = kMrXTileRows * kMrRowBytes;
 constexpr int kMrStageBytes = kMrPackedBytes + kMrXBytes;
 static_assert(kMrPackedBytes % (16 * kMrThreads) == 0 && kMrXBytes % (16 * kMrThreads) == 0, "whole 16-byte copies");
 
-// CTAs per SM the kernel is built for (its registers: 65536 / (128 x 3) = 170 each): measured against 2 in
-// benchmarks/NOTES.md gemv row 64. A tuning build may set it with -DNF4_MR_CTAS_PER_SM=n.
+// CTAs per SM the kernel is built for (launch bounds: its registers). 3 (170 registers each, which the shared
+// memory allows) was 8-20% slower than 2 on an H100 (benchmarks/NOTES.md gemv row 64). A tuning build may set it
+// with -DNF4_MR_CTAS_PER_SM=n.
 #ifndef NF4_MR_CTAS_PER_SM
-#define NF4_MR_CTAS_PER_SM 3
+#define NF4_MR_CTAS_PER_SM 2
 #endif
 constexpr int kMrCtasPerSm = NF4_MR_CTAS_PER_SM;
 
 // Shared memory: the code pair table (csrc/code_pair_table.cuh), whose entries' unused last 128 bytes hold the
-// ring of stages, then (nested) the 256-entry code map: 65 KB, three CTAs per SM on an H100 (a separate ring
-// would make it 97 KB, two). Ring byte L (stage s at L = s * kMrStageBytes: the tile's packed bytes, then its x
+// ring of stages, then (nested) the 256-entry code map: 65 KB (a separate ring would make it 97 KB), which leaves
+// the SM's L1 ~95 KB at two CTAs. Ring byte L (stage s at L = s * kMrStageBytes: the tile's packed bytes, then its x
 // rows) lies in the second half of table entry L / 128; 16-byte pieces never straddle two halves, and a byte's
 // bank is the same as in a plain layout (L % 128 / 4).
 static_assert(kMrStages * kMrStageBytes <= 256 * (kCodePairEntryBytes - 128) && kMrStageBytes % 128 == 0,
@@ -359,10 +360,8 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
 }
 
 // The tiles that no one CTA finished: each output is the sum of the tile's parts in run order, plus the bias, so
-// every call gives the same bits. CTA (tile, y) takes x rows [4 y, 4 y + 4) of the tile, thread r its W row r (the
-// CTAs of whole tiles return at once); the 4 rows' sums are independent loads in flight together.
-constexpr int kMrAddRows = 4;
-
+// every call gives the same bits. CTA (tile, x row) takes that x row of the tile, thread r its W row r (the CTAs of
+// whole tiles and of rows past x's end return at once); four parts' loads are in flight at a time.
 template <typename T>
 __global__ void __launch_bounds__(kMrTileRows)
     add_run_parts_kernel(const float* __restrict__ partial, int64_t units, int ctas, int steps, int m_tiles,
@@ -370,34 +369,20 @@ __global__ void __launch_bounds__(kMrTileRows)
   const int64_t tile = blockIdx.x, first_unit = tile * steps;
   const int64_t first = run_of(first_unit, units, ctas), last = run_of(first_unit + steps - 1, units, ctas);
   const int64_t n = tile / m_tiles * kMrTileRows + threadIdx.x;
-  const int x_row0 = blockIdx.y * kMrAddRows, m0 = static_cast<int>(tile % m_tiles) * kMrXTileRows + x_row0;
-  if (first == last || n >= rows || m0 >= x_rows) return;
+  const int m = static_cast<int>(tile % m_tiles) * kMrXTileRows + blockIdx.y;
+  if (first == last || n >= rows || m >= x_rows) return;
   // The first CTA's part is its run's last tile, unless its run starts at this tile (then it is its only one).
   const int64_t first_part = 2 * first + (run_begin(first, units, ctas) < first_unit ? 1 : 0);
-  const int valid = min(kMrAddRows, x_rows - m0);  // rows past x's end have no parts
-  const float* at = partial + x_row0 * kMrTileRows + threadIdx.x;
-  float sum[kMrAddRows];
-#pragma unroll
-  for (int r = 0; r < kMrAddRows; ++r) sum[r] = r < valid ? at[first_part * kMrTileOutputs + r * kMrTileRows] : 0.0f;
-  // Four parts' loads in flight at a time, added in run order (-0.0 adds nothing, not even to a -0.0 sum).
+  const float* at = partial + blockIdx.y * kMrTileRows + threadIdx.x;
+  float sum = at[first_part * kMrTileOutputs];
   for (int64_t cta = first + 1; cta <= last; cta += 4) {
-    float part[4][kMrAddRows];
+    float part[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
+    for (int u = 0; u < 4; ++u) part[u] = cta + u <= last ? at[2 * (cta + u) * kMrTileOutputs] : -0.0f;
 #pragma unroll
-      for (int r = 0; r < kMrAddRows; ++r) {
-        part[u][r] = cta + u <= last && r < valid ? at[2 * (cta + u) * kMrTileOutputs + r * kMrTileRows] : -0.0f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-#pragma unroll
-      for (int r = 0; r < kMrAddRows; ++r) sum[r] += part[u][r];
-    }
+    for (int u = 0; u < 4; ++u) sum += part[u];  // in run order; -0.0 adds nothing, not even to a -0.0 sum
   }
-  const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;
-#pragma unroll
-  for (int r = 0; r < valid; ++r) out[(m0 + r) * rows + n] = from_float<T>(sum[r] + bias_n);
+  out[int64_t{m} * rows + n] = from_float<T>(sum + (bias != nullptr ? to_float(bias[n]) : 0.0f));
 }
 
 template <typename T, bool kNested>
@@ -427,7 +412,7 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
       static_cast<int>(m_tiles), units, bias, out, partial_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (parts) {
-    const dim3 add_grid(static_cast<unsigned>(m_tiles * n_tiles), kMrXTileRows / kMrAddRows);
+    const dim3 add_grid(static_cast<unsigned>(m_tiles * n_tiles), kMrXTileRows);
     add_run_parts_kernel<T><<<add_grid, kMrTileRows, 0, stream>>>(
         partial_data, units, static_cast<int>(ctas), static_cast<int>(steps), static_cast<int>(m_tiles), rows,
         static_cast<int>(x_rows), bias, out);
