@@ -61,13 +61,14 @@ __device__ __forceinline__ uint16_t operand_part(float v, int part) {
   return bits_of(part == 0 ? high : from_float<M>(v - to_float(high)));
 }
 
-// Fills the byte -> code pair table (kCodePairTableBytes at `lut`, one copy per lane: see above) with the CTA's threads; the caller syncs before reading it. Entry e holds (code of e's high nibble,
-// code of its low nibble) as two operand values in one 32-bit word, lane l's copy at byte e * 256 + 4 * l (the
-// entry's first 128 bytes); with split operands the entry's last 128 bytes hold the pairs' lo parts the same
-// way, so that a lookup's lo part is at its address + 128. Thread i writes 16-byte chunk i % 8 (i % 16 when
-// split) of entry i / 8 (i / 16), so a warp's stores cover whole 128-byte rows, 4 wavefronts and no more. Lane l
-// reads code value l % 16 once and the others take it by shuffle: reading the (local-memory) table for every
-// entry was slow on small layers, where the fill is a good part of the time.
+// Fills the byte -> code pair table (kCodePairTableBytes at `lut`, one copy per lane: see above) with the CTA's
+// threads; the caller syncs before reading it. Entry e holds (code of e's high nibble, code of its low nibble) as two
+// operand values in one 32-bit word, lane l's copy at byte e * 256 + 4 * l (the entry's first 128 bytes); with split
+// operands the entry's last 128 bytes hold the pairs' lo parts the same way, so that a lookup's lo part is at its
+// address + 128. Thread i writes 16-byte chunk i % 8 (i % 16 when split) of entry i / 8 (i / 16), so a warp's stores
+// cover whole 128-byte rows, 4 wavefronts and no more. Lane l reads code value l % 16 once and the others take it by
+// shuffle: reading the (local-memory) table for every entry was slow on small layers, where the fill is a good part of
+// the time.
 template <typename T>
 __device__ __forceinline__ void fill_code_pair_table(uint8_t* lut, QuantType quant_type) {
   using M = typename MmaOperand<T>::type;

@@ -550,7 +550,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   uint8_t* lut = tc_shared;
   float* code2 = reinterpret_cast<float*>(tc_shared + kCodePairTableBytes);
   using Tile = TileShape<kMTiles>;
-  uint8_t* ring = tc_shared + kCodePairTableBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * Tile::kStageBytes);
+  uint8_t* ring =
+      tc_shared + kCodePairTableBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * Tile::kStageBytes);
 
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -660,8 +661,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;
     __syncwarp();
   }
-  if constexpr (kCtaPerTile) add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared + kCodePairTableBytes + kTcCode2Bytes, rows, x_rows,
-                                                        bias, out);
+  if constexpr (kCtaPerTile) {
+    add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared + kCodePairTableBytes + kTcCode2Bytes, rows, x_rows, bias, out);
+  }
 }
 
 // The floats tc_gemv_kernel's `partial` holds: two slots of [x_rows][tile_rows] per warp.

@@ -6,20 +6,20 @@
 // kTensorCoreGemvRowLimits W was dequantized to a 16-bit temporary for cuBLAS (written and read again: on Llama's
 // gate/up 4x the packed bytes).
 //
-// Layout. A tile is 128 W rows by 32 x rows over all of K, in steps of 64 elements (one absmax block per row); a
-// CTA's 4 warps take 32 W rows each (two mma m-tiles) by the 32 x rows (four mma n-tiles). The tiles' steps, laid
-// end to end, are cut into one run per resident CTA (stream-K: run_begin), so every SM gets the same work whatever
-// the layer's tile count. Each step the CTA copies the tile's packed bytes and x rows into a ring of kMrStages
-// stages with cp.async (three steps in flight, across tile ends), and each warp decodes its own W rows from the
-// stage straight into mma A fragments (one lookup per packed byte in the code pair table), reads the x rows with
-// ldmatrix (16-byte XOR swizzle, no bank conflicts) and multiplies on mma.sync; each step's fp32 sums are scaled by
-// the rows' absmax and added, as in the tensor-core kernel. A tile that one CTA finished is written with its bias;
-// the parts of a tile shared by two or more runs go to an fp32 buffer, which a second kernel adds in run order, so
-// every call gives the same bits (the runs depend on the x tiles too, so a row's bits may differ between calls of
-// different row counts; unlike the launches of 16 rows, no such equality is promised). Earlier versions, which
-// decoded W into shared memory for ldmatrix or with byte-permute arithmetic, were 1.3-2.3x slower, and one with a
-// grid of tiles (K split only where the tiles left half the CTAs idle) and two CTAs per SM was up to ~1.5x slower
-// (benchmarks/NOTES.md, gemv rows 63-64).
+// Layout. A tile is 128 W rows by 32 x rows over all of K, in steps of 64 elements (one absmax block per row); a CTA's
+// 4 warps take 32 W rows each (two mma m-tiles) by the 32 x rows (four mma n-tiles). Each x tile's steps over all W
+// tiles, laid end to end, are cut into runs, one per CTA of that x tile's share of the resident CTAs (stream-K:
+// run_begin), so every SM gets the same work whatever the layer's tile count. Each step the CTA copies the tile's
+// packed bytes and x rows into a ring of kMrStages stages with cp.async (three steps in flight, across tile ends), and
+// each warp decodes its own W rows from the stage straight into mma A fragments (one lookup per packed byte in the code
+// pair table), reads the x rows with ldmatrix (16-byte XOR swizzle, no bank conflicts) and multiplies on mma.sync; each
+// step's fp32 sums are scaled by the rows' absmax and added, as in the tensor-core kernel. A tile that one CTA finished
+// is written with its bias; the parts of a tile shared by two or more runs go to an fp32 buffer, which a second kernel
+// adds in run order, so every call gives the same bits (the runs depend on the x tiles too, so a row's bits may differ
+// between calls of different row counts; unlike the launches of 16 rows, no such equality is promised). Earlier
+// versions, which decoded W into shared memory for ldmatrix or with byte-permute arithmetic, were 1.3-2.3x slower, and
+// one with a grid of tiles (K split only where the tiles left half the CTAs idle) and two CTAs per SM was up to ~1.5x
+// slower (benchmarks/NOTES.md, gemv rows 63-64).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -86,35 +86,27 @@ __host__ __device__ constexpr uint32_t x_chunk(int row, int chunk) {
   return static_cast<uint32_t>(kMrPackedBytes + row * kMrRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
-// The work is units, unit = (W tile n * m_tiles + x tile m) * steps + K step: the m tiles of one W tile side by
-// side, so that CTAs reading the same W rows run at about the same time and all but the first find them in L2.
-// CTA c of `ctas` takes units [run_begin(c), run_begin(c + 1)), whatever tiles they fall in (stream-K), so every
-// CTA has the same number of steps however the tiles fill the GPU's slots.
-__host__ __device__ __forceinline__ int64_t run_begin(int64_t cta, int64_t units, int64_t ctas) {
-  return cta * units / ctas;
+// The work of each x tile (32 rows) is units, unit = W tile n * steps + K step, and the CTAs are m_tiles groups of
+// `runs`: CTA c takes x tile m = c % m_tiles and, of its units, [run_begin(r), run_begin(r + 1)) for r = c / m_tiles,
+// whatever W tiles they fall in (stream-K), so every CTA has the same number of steps however the tiles fill the
+// GPU's slots, and the CTAs of the m tiles read the same W bytes at about the same time (all but the first find
+// them in L2).
+__host__ __device__ __forceinline__ int64_t run_begin(int64_t run, int64_t units, int64_t runs) {
+  return run * units / runs;
 }
-// The CTA whose run holds `unit`.
-__host__ __device__ __forceinline__ int64_t run_of(int64_t unit, int64_t units, int64_t ctas) {
-  return ((unit + 1) * ctas - 1) / units;
+// The run that holds `unit`.
+__host__ __device__ __forceinline__ int64_t run_of(int64_t unit, int64_t units, int64_t runs) {
+  return ((unit + 1) * runs - 1) / units;
 }
 
-// A place in a CTA's run: a step of tile (n_tile, m_tile). advance() moves to the next unit.
+// A place in a run: a step of W tile n_tile. advance() moves to the next unit.
 struct UnitCursor {
-  int step, m_tile, n_tile;
+  int step, n_tile;
 
-  __device__ __forceinline__ void advance(int steps, int m_tiles) {
-    if (++step == steps) {
-      step = 0;
-      if (++m_tile == m_tiles) m_tile = 0, ++n_tile;
-    }
+  __device__ __forceinline__ void advance(int steps) {
+    if (++step == steps) step = 0, ++n_tile;
   }
 };
-
-__device__ __forceinline__ UnitCursor cursor_at(int64_t unit, int steps, int m_tiles) {
-  const int64_t tile = unit / steps;
-  return UnitCursor{static_cast<int>(unit - tile * steps), static_cast<int>(tile % m_tiles),
-                    static_cast<int>(tile / m_tiles)};
-}
 
 // What a lane loads ahead for one of its rows' scale of a step: the fp32 absmax, or (nested) the uint8 code and the
 // nested absmax value it is relative to.
@@ -125,12 +117,12 @@ struct RawScale {
 
 // A tile finished by one CTA is written to `out` (with the bias); one that a CTA finished only part of (its run's
 // first or last tile) goes to the partial buffer, parts [2 c] (the run's first tile) and [2 c + 1] (its last), for
-// add_run_parts_kernel.
+// add_run_parts_kernel. `units` counts one x tile's units (n tiles x steps).
 template <typename T, bool kNested>
 __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
     many_rows_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                           QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
-                          int m_tiles, int64_t units, const T* __restrict__ bias, T* __restrict__ out,
+                          int m_tiles, int units, const T* __restrict__ bias, T* __restrict__ out,
                           float* __restrict__ partial) {
   constexpr int kThreads = kMrThreads, kNTiles = kMrNTiles;
   extern __shared__ __align__(128) uint8_t mr_shared[];
@@ -140,11 +132,12 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int g = lane / 4, t = lane % 4;
   const int steps = static_cast<int>(cols / kMrStep);
-  const int64_t begin = run_begin(blockIdx.x, units, gridDim.x);
-  const int count = static_cast<int>(run_begin(blockIdx.x + 1, units, gridDim.x) - begin);  // >= 1 (the host's rule)
+  const int m_tile = blockIdx.x % m_tiles, run = blockIdx.x / m_tiles, runs = gridDim.x / m_tiles;
+  const int begin = static_cast<int>(run_begin(run, units, runs));
+  const int count = static_cast<int>(run_begin(run + 1, units, runs)) - begin;  // >= 1 (the host's rule)
   const int64_t row_bytes = cols / 2;
   // The run's places: of the next copies, of the next scale loads, and of the step being multiplied.
-  UnitCursor copy_at = cursor_at(begin, steps, m_tiles), scale_at = copy_at, now_at = copy_at;
+  UnitCursor copy_at = {begin % steps, begin / steps}, scale_at = copy_at, now_at = copy_at;
 
   fill_code_pair_table<T>(mr_shared, quant_type);
   float nested_offset = 0.0f;
@@ -167,7 +160,7 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
   bool w_there[2], x_there[2];
   const auto aim_copies = [&] {
     const int64_t n = int64_t{copy_at.n_tile} * kMrTileRows + tid / 2;
-    const int m = copy_at.m_tile * kMrXTileRows + tid / 8;
+    const int m = m_tile * kMrXTileRows + tid / 8;
     w_there[0] = n < rows, w_there[1] = n + kMrTileRows / 2 < rows;
     x_there[0] = m < x_rows, x_there[1] = m + kMrXTileRows / 2 < x_rows;
     w_src = packed + (w_there[0] ? n * row_bytes + (tid % 2) * 16 + copy_at.step * kMrStepBytes : 0);
@@ -181,7 +174,7 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
       copy_async<16>(w_dst + stage + kSecondPiece, w_there[1] ? w_src + w_second : packed, w_there[1] ? 16 : 0);
       copy_async<16>(x_dst + stage, x_src, x_there[0] ? 16 : 0);
       copy_async<16>(x_dst + stage + kSecondPiece, x_there[1] ? x_src + x_second : x, x_there[1] ? 16 : 0);
-      copy_at.advance(steps, m_tiles);
+      copy_at.advance(steps);
       if (copy_at.step == 0) {
         aim_copies();
       } else {
@@ -225,7 +218,7 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
       }
     }
     if (j < count) {
-      scale_at.advance(steps, m_tiles);
+      scale_at.advance(steps);
       if (scale_at.step == 0) {
         aim_scales();
       } else {
@@ -300,7 +293,7 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
   // n-tile, W rows g and g + 8 by x rows 2t and 2t + 1.
   const auto store = [&](const UnitCursor& at, float* part) {
     const int64_t n0 = int64_t{at.n_tile} * kMrTileRows;
-    const int m0 = at.m_tile * kMrXTileRows;
+    const int m0 = m_tile * kMrXTileRows;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
@@ -355,7 +348,7 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
       first_step = 0;
       first_tile = false;
     }
-    now_at.advance(steps, m_tiles);
+    now_at.advance(steps);
   }
 }
 
@@ -364,21 +357,22 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
 // whole tiles and of rows past x's end return at once); four parts' loads are in flight at a time.
 template <typename T>
 __global__ void __launch_bounds__(kMrTileRows)
-    add_run_parts_kernel(const float* __restrict__ partial, int64_t units, int ctas, int steps, int m_tiles,
-                         int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
-  const int64_t tile = blockIdx.x, first_unit = tile * steps;
-  const int64_t first = run_of(first_unit, units, ctas), last = run_of(first_unit + steps - 1, units, ctas);
-  const int64_t n = tile / m_tiles * kMrTileRows + threadIdx.x;
-  const int m = static_cast<int>(tile % m_tiles) * kMrXTileRows + blockIdx.y;
+    add_run_parts_kernel(const float* __restrict__ partial, int units, int runs, int steps, int m_tiles, int64_t rows,
+                         int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  const int n_tile = blockIdx.x / m_tiles, m_tile = blockIdx.x % m_tiles, first_unit = n_tile * steps;
+  const int64_t first = run_of(first_unit, units, runs), last = run_of(first_unit + steps - 1, units, runs);
+  const int64_t n = int64_t{n_tile} * kMrTileRows + threadIdx.x;
+  const int m = m_tile * kMrXTileRows + blockIdx.y;
   if (first == last || n >= rows || m >= x_rows) return;
-  // The first CTA's part is its run's last tile, unless its run starts at this tile (then it is its only one).
-  const int64_t first_part = 2 * first + (run_begin(first, units, ctas) < first_unit ? 1 : 0);
+  // Run r's parts are CTA r * m_tiles + m_tile's; the first run's is its last tile, unless the run starts at this
+  // tile (then it is its only one).
+  const auto part_of = [&](int64_t run, int which) { return (2 * (run * m_tiles + m_tile) + which) * kMrTileOutputs; };
   const float* at = partial + blockIdx.y * kMrTileRows + threadIdx.x;
-  float sum = at[first_part * kMrTileOutputs];
-  for (int64_t cta = first + 1; cta <= last; cta += 4) {
+  float sum = at[part_of(first, run_begin(first, units, runs) < first_unit ? 1 : 0)];
+  for (int64_t run = first + 1; run <= last; run += 4) {
     float part[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) part[u] = cta + u <= last ? at[2 * (cta + u) * kMrTileOutputs] : -0.0f;
+    for (int u = 0; u < 4; ++u) part[u] = run + u <= last ? at[part_of(run + u, 0)] : -0.0f;
 #pragma unroll
     for (int u = 0; u < 4; ++u) sum += part[u];  // in run order; -0.0 adds nothing, not even to a -0.0 sum
   }
@@ -395,12 +389,13 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
   const int64_t m_tiles = (x_rows + kMrXTileRows - 1) / kMrXTileRows;
   const int64_t n_tiles = (rows + kMrTileRows - 1) / kMrTileRows;
   const int64_t steps = cols / kMrStep;
-  const int64_t units = m_tiles * n_tiles * steps;
+  const int64_t units = n_tiles * steps;  // of each x tile
   // Every resident CTA, unless that leaves runs of fewer than kMrMinStepsPerCta steps.
-  const int64_t ctas = std::max<int64_t>(1, std::min(resident, units / kMrMinStepsPerCta));
+  const int64_t runs = std::max<int64_t>(1, std::min(resident / m_tiles, units / kMrMinStepsPerCta));
+  const int64_t ctas = runs * m_tiles;
   // Parts to add: unless every run is whole tiles.
-  const bool parts = units % ctas != 0 || units / ctas % steps != 0;
-  TORCH_INTERNAL_ASSERT(units <= INT32_MAX && x_rows <= INT32_MAX);  // many_rows_gemv_fits
+  const bool parts = units % runs != 0 || units / runs % steps != 0;
+  TORCH_INTERNAL_ASSERT(units <= INT32_MAX && ctas <= INT32_MAX && x_rows <= INT32_MAX);  // many_rows_gemv_fits
   at::Tensor partial;
   float* partial_data = nullptr;
   if (parts) {
@@ -409,13 +404,13 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
   }
   kernel<<<static_cast<unsigned>(ctas), kMrThreads, kMrSharedBytes, stream>>>(
       x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows),
-      static_cast<int>(m_tiles), units, bias, out, partial_data);
+      static_cast<int>(m_tiles), static_cast<int>(units), bias, out, partial_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (parts) {
     const dim3 add_grid(static_cast<unsigned>(m_tiles * n_tiles), kMrXTileRows);
     add_run_parts_kernel<T><<<add_grid, kMrTileRows, 0, stream>>>(
-        partial_data, units, static_cast<int>(ctas), static_cast<int>(steps), static_cast<int>(m_tiles), rows,
-        static_cast<int>(x_rows), bias, out);
+        partial_data, static_cast<int>(units), static_cast<int>(runs), static_cast<int>(steps),
+        static_cast<int>(m_tiles), rows, static_cast<int>(x_rows), bias, out);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -423,9 +418,9 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
 }  // namespace
 
 bool many_rows_gemv_fits(int64_t rows, int64_t cols, int64_t x_rows) {
-  const int64_t tiles = ((rows + kMrTileRows - 1) / kMrTileRows) * ((x_rows + kMrXTileRows - 1) / kMrXTileRows);
+  const int64_t n_tiles = (rows + kMrTileRows - 1) / kMrTileRows, m_tiles = (x_rows + kMrXTileRows - 1) / kMrXTileRows;
   return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin >= size_t{kMrSharedBytes} &&
-         tiles <= INT32_MAX / std::max<int64_t>(1, cols / kMrStep);
+         n_tiles <= INT32_MAX / std::max<int64_t>(1, cols / kMrStep) && m_tiles <= INT32_MAX / 1024;
 }
 
 void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const BlockScales& scales,

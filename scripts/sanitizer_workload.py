@@ -108,7 +108,8 @@ def main():
     # MANY_ROWS_SHAPES): one CTA per tile with a last tile of 88 W rows; tiles shared by several CTAs' runs (fp32
     # parts added by a second kernel); more tiles than CTAs, runs starting and ending inside tiles; each with a
     # part-empty last tile of x.
-    for n, k, nested, rows in ((128 * 6 - 40, 512, False, 40), (300, 256 * 20, True, 63), (128 * 450 - 24, 512, False, 17)):
+    many_rows_cases = ((128 * 6 - 40, 512, False, 40), (300, 256 * 20, True, 63), (128 * 450 - 24, 512, False, 17))
+    for n, k, nested, rows in many_rows_cases:
         packed, args = random_weight(n, k, 64, nested)
         failures += check_gemv(packed, args, rows, f"{n}x{k} many rows nested={nested}")
     torch.cuda.synchronize()
