@@ -14,13 +14,12 @@
 // each warp decodes its own W rows from the stage straight into mma A fragments (one lookup per packed byte in the code
 // pair table), reads the x rows with ldmatrix (16-byte XOR swizzle, no bank conflicts) and multiplies on mma.sync; each
 // step's fp32 sums are scaled by the rows' absmax and added, as in the tensor-core kernel. A tile that one CTA finished
-// is written with its bias; of a tile shared by two or more runs, each CTA stores its fp32 part and counts itself in,
-// and the last to count in adds the parts in run order, so every call gives the same bits (the runs depend on the x
-// tiles too, so a row's bits may differ between calls of different row counts; unlike the launches of 16 rows, no
-// such equality is promised). Earlier versions, which decoded W into shared memory for ldmatrix or with byte-permute
-// arithmetic, were 1.3-2.3x slower, and one with a grid of tiles (K split where the tiles left half the CTAs idle,
-// parts added by a second kernel) was up to 1.4x slower on layers whose tiles part-filled the last wave of CTAs
-// (benchmarks/NOTES.md, gemv rows 63-64).
+// is written with its bias; the parts of a tile shared by two or more runs go to an fp32 buffer, which a second kernel
+// adds in run order, so every call gives the same bits (the runs depend on the x tiles too, so a row's bits may differ
+// between calls of different row counts; unlike the launches of 16 rows, no such equality is promised). Earlier
+// versions, which decoded W into shared memory for ldmatrix or with byte-permute arithmetic, were 1.3-2.3x slower, and
+// one with a grid of tiles (K split only where the tiles left half the CTAs idle) and two CTAs per SM was up to ~1.5x
+// slower (benchmarks/NOTES.md, gemv rows 63-64).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -92,12 +91,18 @@ __host__ __device__ constexpr uint32_t x_chunk(int row, int chunk) {
 // whatever W tiles they fall in (stream-K), so every CTA has the same number of steps however the tiles fill the
 // GPU's slots, and the CTAs of the m tiles read the same W bytes at about the same time (all but the first find
 // them in L2).
+// (Both divide in 32 bits where the dividend fits, as it does but for the largest layers: a 64-bit division is
+// ~10x the instructions, and it made the parts-adding kernel issue-bound: NOTES gemv row 64.)
+__host__ __device__ __forceinline__ int64_t divide(uint64_t dividend, int64_t divisor) {
+  return dividend <= UINT32_MAX ? static_cast<uint32_t>(dividend) / static_cast<uint32_t>(divisor)
+                                : static_cast<int64_t>(dividend / static_cast<uint64_t>(divisor));
+}
 __host__ __device__ __forceinline__ int64_t run_begin(int64_t run, int64_t units, int64_t runs) {
-  return run * units / runs;
+  return divide(static_cast<uint64_t>(run) * units, runs);
 }
 // The run that holds `unit`.
 __host__ __device__ __forceinline__ int64_t run_of(int64_t unit, int64_t units, int64_t runs) {
-  return ((unit + 1) * runs - 1) / units;
+  return divide(static_cast<uint64_t>(unit + 1) * runs - 1, units);
 }
 
 // A place in a run: a step of W tile n_tile. advance() moves to the next unit.
@@ -116,17 +121,15 @@ struct RawScale {
   uint32_t code;
 };
 
-// A tile finished by one CTA is written to `out` (with the bias). A CTA that finished only part of a tile (its run's
-// first or last tile) stores its sums in the partial buffer, part [2 c] (the run's first tile) or [2 c + 1] (its
-// last), and counts itself in at the tile's counter (zeros before the launch); the tile's last CTA to count in adds
-// every part in run order, plus the bias, so every call gives the same bits whichever CTA adds. No CTA waits for
-// another. `units` counts one x tile's units (n tiles x steps).
+// A tile finished by one CTA is written to `out` (with the bias); one that a CTA finished only part of (its run's
+// first or last tile) goes to the partial buffer, parts [2 c] (the run's first tile) and [2 c + 1] (its last), for
+// add_run_parts_kernel. `units` counts one x tile's units (n tiles x steps).
 template <typename T, bool kNested>
 __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
     many_rows_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                           QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                           int m_tiles, int units, const T* __restrict__ bias, T* __restrict__ out,
-                          float* __restrict__ partial, int* __restrict__ counters) {
+                          float* __restrict__ partial) {
   constexpr int kThreads = kMrThreads, kNTiles = kMrNTiles;
   extern __shared__ __align__(128) uint8_t mr_shared[];
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(mr_shared));
@@ -324,51 +327,6 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
     }
   };
 
-  // After this CTA stored its part of the tile at `at`: the count-in, and the adding if this CTA is the last.
-  // (The fences: each thread's part stores are visible to every SM before its CTA counts in, and the adding CTA
-  // reads the others' parts after it saw their counts.) Thread r adds W row r, 16 x rows at a time.
-  __shared__ int adding[3];  // the tile's first and last runs and the first's part, or first = -1: not this CTA
-  const auto count_in = [&](const UnitCursor& at) {
-    const int first_unit = at.n_tile * steps;
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      const int first = static_cast<int>(run_of(first_unit, units, runs));
-      const int last = static_cast<int>(run_of(first_unit + steps - 1, units, runs));
-      const bool adds = atomicAdd(counters + at.n_tile * m_tiles + m_tile, 1) == last - first;
-      __threadfence();
-      // The first run's part is its last tile, unless the run starts at this tile (then it is its only one).
-      const int which = run_begin(first, units, runs) < first_unit ? 1 : 0;
-      adding[0] = adds ? first : -1, adding[1] = last, adding[2] = 2 * (first * m_tiles + m_tile) + which;
-    }
-    __syncthreads();
-    const int first = adding[0], last = adding[1], first_part = adding[2];
-    const int64_t n = int64_t{at.n_tile} * kMrTileRows + tid;
-    if (first < 0 || n >= rows) return;
-    const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;
-    const int m0 = m_tile * kMrXTileRows, valid = min(kMrXTileRows, x_rows - m0);
-    const float* row = partial + tid;
-    constexpr int kBatch = 16;
-    for (int r0 = 0; r0 < valid; r0 += kBatch) {
-      float sum[kBatch];
-#pragma unroll
-      for (int r = 0; r < kBatch; ++r) {
-        sum[r] = r0 + r < valid ? __ldcg(row + int64_t{first_part} * kMrTileOutputs + (r0 + r) * kMrTileRows) : 0.0f;
-      }
-      for (int run = first + 1; run <= last; ++run) {
-        const float* part = row + int64_t{2 * (run * m_tiles + m_tile)} * kMrTileOutputs;
-#pragma unroll
-        for (int r = 0; r < kBatch; ++r) {
-          if (r0 + r < valid) sum[r] += __ldcg(part + (r0 + r) * kMrTileRows);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kBatch; ++r) {
-        if (r0 + r < valid) out[int64_t{m0 + r0 + r} * rows + n] = from_float<T>(sum[r] + bias_n);
-      }
-    }
-  };
-
   // Pipeline: before turn i, steps up to i + kMrStages - 2 are issued; turn i waits for step i's copies, and after
   // the barrier (every warp is past step i - 1, and step i's copies by every thread are visible; the first time,
   // the table too) issues step i + kMrStages - 1 into the stage step i - 1 used, then decodes and multiplies step
@@ -393,12 +351,39 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
     if (tile_end || i == count - 1) {
       const bool whole = first_step == 0 && tile_end;
       store(now_at, whole ? nullptr : partial + (2 * int64_t{blockIdx.x} + (first_tile ? 0 : 1)) * kMrTileOutputs);
-      if (!whole) count_in(now_at);
       first_step = 0;
       first_tile = false;
     }
     now_at.advance(steps);
   }
+}
+
+// The tiles that no one CTA finished: each output is the sum of the tile's parts in run order, plus the bias, so
+// every call gives the same bits. CTA (tile, x row) takes that x row of the tile, thread r its W row r (the CTAs of
+// whole tiles and of rows past x's end return at once); four parts' loads are in flight at a time.
+template <typename T>
+__global__ void __launch_bounds__(kMrTileRows)
+    add_run_parts_kernel(const float* __restrict__ partial, int units, int runs, int steps, int m_tiles, int64_t rows,
+                         int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  const int n_tile = blockIdx.x / m_tiles, m_tile = blockIdx.x % m_tiles, first_unit = n_tile * steps;
+  const int64_t n = int64_t{n_tile} * kMrTileRows + threadIdx.x;
+  const int m = m_tile * kMrXTileRows + blockIdx.y;
+  if (m >= x_rows || n >= rows) return;
+  const int64_t first = run_of(first_unit, units, runs), last = run_of(first_unit + steps - 1, units, runs);
+  if (first == last) return;
+  // Run r's parts are CTA r * m_tiles + m_tile's; the first run's is its last tile, unless the run starts at this
+  // tile (then it is its only one).
+  const auto part_of = [&](int64_t run, int which) { return (2 * (run * m_tiles + m_tile) + which) * kMrTileOutputs; };
+  const float* at = partial + blockIdx.y * kMrTileRows + threadIdx.x;
+  float sum = at[part_of(first, run_begin(first, units, runs) < first_unit ? 1 : 0)];
+  for (int64_t run = first + 1; run <= last; run += 4) {
+    float part[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) part[u] = run + u <= last ? at[part_of(run + u, 0)] : -0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) sum += part[u];  // in run order; -0.0 adds nothing, not even to a -0.0 sum
+  }
+  out[int64_t{m} * rows + n] = from_float<T>(sum + (bias != nullptr ? to_float(bias[n]) : 0.0f));
 }
 
 template <typename T, bool kNested>
@@ -418,19 +403,23 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
   // Parts to add: unless every run is whole tiles.
   const bool parts = units % runs != 0 || units / runs % steps != 0;
   TORCH_INTERNAL_ASSERT(units <= INT32_MAX && ctas <= INT32_MAX && x_rows <= INT32_MAX);  // many_rows_gemv_fits
-  at::Tensor partial, counters;
+  at::Tensor partial;
   float* partial_data = nullptr;
-  int* counter_data = nullptr;
   if (parts) {
     partial = at::empty({2 * ctas, kMrTileOutputs}, like.options().dtype(at::kFloat));
-    counters = at::zeros({m_tiles * n_tiles}, like.options().dtype(at::kInt));
     partial_data = partial.mutable_data_ptr<float>();
-    counter_data = counters.mutable_data_ptr<int>();
   }
   kernel<<<static_cast<unsigned>(ctas), kMrThreads, kMrSharedBytes, stream>>>(
       x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows),
-      static_cast<int>(m_tiles), static_cast<int>(units), bias, out, partial_data, counter_data);
+      static_cast<int>(m_tiles), static_cast<int>(units), bias, out, partial_data);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (parts) {
+    const dim3 add_grid(static_cast<unsigned>(m_tiles * n_tiles), kMrXTileRows);
+    add_run_parts_kernel<T><<<add_grid, kMrTileRows, 0, stream>>>(
+        partial_data, static_cast<int>(units), static_cast<int>(runs), static_cast<int>(steps),
+        static_cast<int>(m_tiles), rows, static_cast<int>(x_rows), bias, out);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
 }
 
 }  // namespace

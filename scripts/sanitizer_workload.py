@@ -106,8 +106,8 @@ def main():
     # More rows of x than one launch takes, on the many-rows kernel where csrc/ops.h's kManyRowsGemvRowLimits lets
     # it take them (up to 64 rows, on memory under 4 TB/s; elsewhere dequantize + cuBLAS; tests/test_gemv.py
     # MANY_ROWS_SHAPES): one CTA per tile with a last tile of 88 W rows; tiles shared by several CTAs' runs (fp32
-    # parts added by the last CTA to finish its part); more tiles than CTAs, runs starting and ending inside tiles;
-    # each with a part-empty last tile of x.
+    # parts added by a second kernel); more tiles than CTAs, runs starting and ending inside tiles; each with a
+    # part-empty last tile of x.
     many_rows_cases = ((128 * 6 - 40, 512, False, 40), (300, 256 * 20, True, 63), (128 * 450 - 24, 512, False, 17))
     for n, k, nested, rows in many_rows_cases:
         packed, args = random_weight(n, k, 64, nested)

@@ -459,10 +459,11 @@ def test_gemv_tensor_core_launches(nested, dtype):
 # rows by 32 rows of x over all of K (steps of 64), the tiles' steps cut into one run per CTA (stream-K). On every GPU:
 # "whole_tiles": K = 512 (8 steps, kMrMinStepsPerCta) gives one CTA per tile, each writing its outputs, with a last
 # tile of 88 rows (its other 40 copy nothing). "shared_tiles": 3 tiles of 128 rows (the last of 44) by 84 steps over
-# 31 CTAs per tile of x, so every tile is shared by several runs (some shorter than the ring's stages) and the last
-# CTA to finish its part adds the fp32 parts in order. "runs_across_tiles": 450 tiles of 8 steps over more CTAs than
-# an H100 holds (264), so that runs there start and end inside tiles and some hold whole ones. 17 and 33 rows leave a
-# tile of x part empty, 32 fills one, 64 takes two; 65 and 100 are past the limit (dequantize + cuBLAS).
+# 31 or 63 CTAs, so every tile is shared by several runs (some shorter than the ring's stages) and a second kernel
+# adds their fp32 parts in order. "runs_across_tiles": 450 tiles of 8 steps over more CTAs than an H100 holds
+# (396), so that runs there start and end inside tiles and some hold whole ones (on other GPUs the runs differ, so
+# whether parts are added is not asserted). 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes
+# two; 65 and 100 are past the limit (dequantize + cuBLAS).
 MANY_ROWS_SHAPES = {
     "whole_tiles": ((128 * 6 - 40, 512), 64),
     "shared_tiles": ((300, 256 * 21), 128),
@@ -495,6 +496,9 @@ def test_gemv_many_rows(shape_name, nested, dtype):
         names = [event.name for event in profile.events()]
         takes = many_rows_kernel_on() and rows <= MANY_ROWS_MAX_ROWS
         assert sum("many_rows_gemv_kernel" in name for name in names) == takes, (rows, names)
+        if takes:
+            parts = any("add_run_parts_kernel" in name for name in names)
+            assert shape_name == "runs_across_tiles" or parts == (shape_name == "shared_tiles"), names
         assert_gemv_close(out, x[:rows], packed, args, row_bias)
         assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args), out)  # the same bits every run
 
