@@ -104,11 +104,11 @@ def main():
     packed, args = random_weight(8200, 4096, 64, False)
     failures += check_gemv(packed, args, 24, "8200x4096 two launches")
     # More rows of x than one launch takes, on the many-rows kernel where csrc/ops.h's kManyRowsGemvRowLimits lets
-    # it take them (up to 64 rows, on memory under 4 TB/s; elsewhere dequantize + cuBLAS; tests/test_gemv.py
-    # MANY_ROWS_SHAPES): one CTA per tile with a last tile of 88 W rows; tiles shared by several CTAs' runs (fp32
-    # parts added by a second kernel); more tiles than CTAs, runs starting and ending inside tiles; each with a
-    # part-empty last tile of x.
-    many_rows_cases = ((128 * 6 - 40, 512, False, 40), (300, 256 * 20, True, 63), (128 * 450 - 24, 512, False, 17))
+    # it take them (up to 32 rows under 5 MiB packed, 64 from 5 MiB, on memory under 4 TB/s; elsewhere dequantize +
+    # cuBLAS; tests/test_gemv.py MANY_ROWS_SHAPES): one CTA per tile with a last tile of 88 W rows; tiles shared by
+    # several CTAs' runs (fp32 parts added by a second kernel); more tiles than CTAs, runs starting and ending inside
+    # tiles, two tiles of x; each with a part-empty last tile of x.
+    many_rows_cases = ((128 * 6 - 40, 512, False, 24), (300, 256 * 20, True, 31), (128 * 450 - 24, 512, False, 40))
     for n, k, nested, rows in many_rows_cases:
         packed, args = random_weight(n, k, 64, nested)
         failures += check_gemv(packed, args, rows, f"{n}x{k} many rows nested={nested}")

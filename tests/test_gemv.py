@@ -422,13 +422,13 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
 def test_gemv_tensor_core_launches(nested, dtype):
     """More rows of x than one tensor-core launch takes (16), on a W large enough for several launches
     (csrc/ops.h, kTensorCoreGemvRowLimits*: up to 32 or 48 rows from 16 MiB of packed W, by the GPU's memory), where
-    the many-rows kernel does not take them (GPUs with memory of 4 TB/s or more; elsewhere it does, up to 64 rows):
-    every launch's rows equal that launch made alone, bit for bit (a last launch of one row takes the one-row
-    kernel where a one-row call on this W does, plain or nested absmax, on an H100 or H200), and past every table's limit
-    for this size (65 rows) the call takes dequantize + cuBLAS."""
+    the many-rows kernel does not take them (GPUs with memory of 4 TB/s or more; elsewhere it does, up to 96 rows on
+    this W): every launch's rows equal that launch made alone, bit for bit (a last launch of one row takes the one-row
+    kernel where a one-row call on this W does, plain or nested absmax, on an H100 or H200), and past every table's
+    limit for this size (97 rows) the call takes dequantize + cuBLAS."""
     shape = (8200, 4096)  # 16.02 MiB packed
     packed, args = weight_on("cuda", shape, "nf4", 64, nested)
-    x = random_x((65, shape[1]), dtype, "cuda")
+    x = random_x((97, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=6)
     for rows in (17, 24, 32):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
@@ -454,22 +454,23 @@ def test_gemv_tensor_core_launches(nested, dtype):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-# The many-rows kernel (csrc/gemv_many_rows.cu) takes 17 up to MANY_ROWS_MAX_ROWS rows of fp16 / bf16 x (csrc/ops.h
-# kManyRowsGemvRowLimits: 64 for every W; off on memory of 4 TB/s or more, kFastMemoryMinPeakGBps) in tiles of 128 W
-# rows by 32 rows of x over all of K (steps of 64), the tiles' steps cut into one run per CTA (stream-K). On every GPU:
-# "whole_tiles": K = 512 (8 steps, kMrMinStepsPerCta) gives one CTA per tile, each writing its outputs, with a last
-# tile of 88 rows (its other 40 copy nothing). "shared_tiles": 3 tiles of 128 rows (the last of 44) by 84 steps over
-# 31 or 63 CTAs, so every tile is shared by several runs (some shorter than the ring's stages) and a second kernel
-# adds their fp32 parts in order. "runs_across_tiles": 450 tiles of 8 steps over more CTAs than an H100 holds
-# (396), so that runs there start and end inside tiles and some hold whole ones (on other GPUs the runs differ, so
-# whether parts are added is not asserted). 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes
-# two; 65 and 100 are past the limit (dequantize + cuBLAS).
+# The many-rows kernel (csrc/gemv_many_rows.cu) takes 17 up to a limit of rows of fp16 / bf16 x that depends on W's
+# packed size (csrc/ops.h kManyRowsGemvRowLimits: 32 under 5 MiB, 64 under 16, 96 from 16; off on memory of 4 TB/s or
+# more, kFastMemoryMinPeakGBps) in tiles of 128 W rows by 32 rows of x over all of K (steps of 64), each x tile's
+# steps cut into runs, one per CTA (stream-K). "whole_tiles": K = 512 (8 steps, kMrMinStepsPerCta) gives one CTA per
+# tile, each writing its outputs, with a last tile of 88 rows (its other 40 copy nothing). "shared_tiles": 3 tiles of
+# 128 rows (the last of 44) by 84 steps over 31 CTAs, so every tile is shared by several runs (some shorter than the
+# ring's stages) and a second kernel adds their fp32 parts in order. "runs_across_tiles" (14 MiB): 450 tiles of 8
+# steps over more CTAs than an H100 holds (264 at 17-32 rows, 132 per x tile at 33-64), so that runs there start and
+# end inside tiles and some hold whole ones (on other GPUs the runs differ, so whether parts are added is not
+# asserted). 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes two; past the limit, dequantize +
+# cuBLAS. name: (shape, blocksize, the limit).
 MANY_ROWS_SHAPES = {
-    "whole_tiles": ((128 * 6 - 40, 512), 64),
-    "shared_tiles": ((300, 256 * 21), 128),
-    "runs_across_tiles": ((128 * 450 - 24, 512), 64),
+    "whole_tiles": ((128 * 6 - 40, 512), 64, 32),
+    "shared_tiles": ((300, 256 * 21), 128, 32),
+    "runs_across_tiles": ((128 * 450 - 24, 512), 64, 64),
 }
-MANY_ROWS_MAX_ROWS, FAST_MEMORY_MIN_PEAK_GBPS = 64, 4000
+FAST_MEMORY_MIN_PEAK_GBPS = 4000
 
 
 def many_rows_kernel_on() -> bool:
@@ -484,7 +485,7 @@ def many_rows_kernel_on() -> bool:
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize("shape_name", list(MANY_ROWS_SHAPES))
 def test_gemv_many_rows(shape_name, nested, dtype):
-    shape, blocksize = MANY_ROWS_SHAPES[shape_name]
+    shape, blocksize, max_rows = MANY_ROWS_SHAPES[shape_name]
     packed, args = weight_on("cuda", shape, "fp4" if nested else "nf4", blocksize, nested)
     x = random_x((100, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=7)
@@ -494,7 +495,7 @@ def test_gemv_many_rows(shape_name, nested, dtype):
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args)
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
-        takes = many_rows_kernel_on() and rows <= MANY_ROWS_MAX_ROWS
+        takes = many_rows_kernel_on() and rows <= max_rows
         assert sum("many_rows_gemv_kernel" in name for name in names) == takes, (rows, names)
         if takes:
             parts = any("add_run_parts_kernel" in name for name in names)
