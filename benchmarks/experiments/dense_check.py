@@ -1,4 +1,4 @@
-# Run from the repository root on a CUDA machine: python benchmarks/experiments/dense_check.py (benchmarks/results/h100/dense_check.txt)
+# Run from the repository root on a CUDA machine: python benchmarks/experiments/dense_check.py (benchmarks/results/h100-3a2bfdd/dense_check.txt)
 # Does dequantize + cuBLAS (bf16) pass the sanitizer workload's tolerance check on 300x5120 nested at 65 rows
 # (past the many-rows limit), with torch's default bf16 reduced-precision reductions and without them?
 import sys, torch
