@@ -1,5 +1,5 @@
 // nf4::gemv on CUDA for more rows of fp16 / bf16 x than the tensor-core kernel takes in one launch
-// (kTensorCoreGemvLaunchRows): the many-rows kernel, which decodes each weight once per 32 or 64 rows of x.
+// (kTensorCoreGemvLaunchRows): the many-rows kernel, which decodes each weight once per 32 rows of x.
 //
 // Why a kernel of its own: the tensor-core kernel (csrc/gemv.cu) decodes W for at most 16 rows of x, so more rows
 // took one launch per 16 rows, each decoding and reading all of W again, and past the limits of
@@ -131,6 +131,8 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
                           int m_tiles, int units, const T* __restrict__ bias, T* __restrict__ out,
                           float* __restrict__ partial) {
   constexpr int kThreads = kMrThreads, kNTiles = kMrNTiles;
+  // fp32 x's split operands would fill the table entries' second halves, where the ring is.
+  static_assert(!MmaOperand<T>::kSplit, "fp16 / bf16 x only");
   extern __shared__ __align__(128) uint8_t mr_shared[];
   const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(mr_shared));
   float* code2 = reinterpret_cast<float*>(mr_shared + kCodePairTableBytes);
@@ -169,6 +171,7 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
     const int m = m_tile * kMrXTileRows + tid / 8;
     w_there[0] = n < rows, w_there[1] = n + kMrTileRows / 2 < rows;
     x_there[0] = m < x_rows, x_there[1] = m + kMrXTileRows / 2 < x_rows;
+    // (step * kMrStep < cols fits an int: many_rows_gemv_fits)
     w_src = packed + (w_there[0] ? n * row_bytes + (tid % 2) * 16 + copy_at.step * kMrStepBytes : 0);
     x_src = x + (x_there[0] ? int64_t{m} * cols + (tid % 8) * 8 + copy_at.step * kMrStep : 0);
   };
@@ -427,7 +430,8 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
 bool many_rows_gemv_fits(int64_t rows, int64_t cols, int64_t x_rows) {
   const int64_t n_tiles = (rows + kMrTileRows - 1) / kMrTileRows, m_tiles = (x_rows + kMrXTileRows - 1) / kMrXTileRows;
   return at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin >= size_t{kMrSharedBytes} &&
-         n_tiles <= INT32_MAX / std::max<int64_t>(1, cols / kMrStep) && m_tiles <= INT32_MAX / 1024;
+         n_tiles <= INT32_MAX / std::max<int64_t>(1, cols / kMrStep) && m_tiles <= INT32_MAX / 1024 &&
+         cols <= INT32_MAX;
 }
 
 void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const BlockScales& scales,

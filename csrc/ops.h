@@ -161,15 +161,15 @@ int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64
 //    an H100 over the paper's layer shapes at 17-128 rows with its stream-K version (benchmarks/NOTES.md gemv row 64,
 //    benchmarks/results/h100-many-rows/v13_sweep.txt), against the better of dequantize + cuBLAS and bitsandbytes:
 //    faster on every layer through 32 rows; at 48-64 rows slower on Llama's and Qwen's k/v (4 and 2.5 MiB packed:
-//    16.1-16.3 us against 15.4-15.5, 14.2 against 13.6) and faster on the rest (Gemma's k/v, 5.25 MiB, 1.08x); at
-//    80-96 rows faster on every layer of 16 MiB or more (1.17-1.42x) and slower on Gemma's o and k/v (10.5 and 5.25
-//    MiB: 0.94-0.98x); at 128 rows slower on most. Not measured on faster memory (an H200), where dequantize +
-//    cuBLAS gains more than this compute-bound kernel: off there until it is. A tuning build may set one limit for
-//    every W with -DNF4_MANY_ROWS_MAX_ROWS=n.
+//    16.1-16.3 us against 15.4-15.5, 14.2 against 13.6) and faster on the rest (Gemma's k/v, 5.25 MiB, 1.08x). At
+//    80-96 rows (three tiles of x) it was faster on every layer of 16 MiB or more (1.17-1.42x), but no test has
+//    checked its results with three tiles of x on a GPU yet, so those rows keep dequantize + cuBLAS until one has
+//    (the next limit would be {16, 96}). Not measured on faster memory (an H200), where dequantize + cuBLAS gains
+//    more than this compute-bound kernel: off there until it is. A tuning build may set one limit for every W with
+//    -DNF4_MANY_ROWS_MAX_ROWS=n.
 constexpr GemvRowLimit kManyRowsGemvRowLimits[] = {
     {0, 32},
     {5, 64},
-    {16, 96},
 };
 inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
 #ifdef NF4_MANY_ROWS_MAX_ROWS

@@ -422,10 +422,10 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
 def test_gemv_tensor_core_launches(nested, dtype):
     """More rows of x than one tensor-core launch takes (16), on a W large enough for several launches
     (csrc/ops.h, kTensorCoreGemvRowLimits*: up to 32 or 48 rows from 16 MiB of packed W, by the GPU's memory), where
-    the many-rows kernel does not take them (GPUs with memory of 4 TB/s or more; elsewhere it does, up to 96 rows on
+    the many-rows kernel does not take them (GPUs with memory of 4 TB/s or more; elsewhere it does, up to 64 rows on
     this W): every launch's rows equal that launch made alone, bit for bit (a last launch of one row takes the one-row
     kernel where a one-row call on this W does, plain or nested absmax, on an H100 or H200), and past every table's
-    limit for this size (97 rows) the call takes dequantize + cuBLAS."""
+    limit for this size (97 rows, past the many-rows kernel's next limit too) the call takes dequantize + cuBLAS."""
     shape = (8200, 4096)  # 16.02 MiB packed
     packed, args = weight_on("cuda", shape, "nf4", 64, nested)
     x = random_x((97, shape[1]), dtype, "cuda")
@@ -455,14 +455,14 @@ def test_gemv_tensor_core_launches(nested, dtype):
 
 
 # The many-rows kernel (csrc/gemv_many_rows.cu) takes 17 up to a limit of rows of fp16 / bf16 x that depends on W's
-# packed size (csrc/ops.h kManyRowsGemvRowLimits: 32 under 5 MiB, 64 under 16, 96 from 16; off on memory of 4 TB/s or
-# more, kFastMemoryMinPeakGBps) in tiles of 128 W rows by 32 rows of x over all of K (steps of 64), each x tile's
-# steps cut into runs, one per CTA (stream-K). "whole_tiles": K = 512 (8 steps, kMrMinStepsPerCta) gives one CTA per
-# tile, each writing its outputs, with a last tile of 88 rows (its other 40 copy nothing). "shared_tiles": 3 tiles of
-# 128 rows (the last of 44) by 84 steps over 31 CTAs, so every tile is shared by several runs (some shorter than the
-# ring's stages) and a second kernel adds their fp32 parts in order. "runs_across_tiles" (14 MiB): 450 tiles of 8
-# steps over more CTAs than an H100 holds (264 at 17-32 rows, 132 per x tile at 33-64), so that runs there start and
-# end inside tiles and some hold whole ones (on other GPUs the runs differ, so whether parts are added is not
+# packed size (csrc/ops.h kManyRowsGemvRowLimits: 32 under 5 MiB, 64 from 5 MiB; off on memory of 4 TB/s or more,
+# kFastMemoryMinPeakGBps) in tiles of 128 W rows by 32 rows of x over all of K (steps of 64), each x tile's steps cut
+# into runs, one per CTA (stream-K). "whole_tiles": K = 512 (8 steps, kMrMinStepsPerCta) gives one CTA per tile, each
+# writing its outputs, with a last tile of 88 rows (its other 40 copy nothing). "shared_tiles": 3 tiles of 128 rows
+# (the last of 44) by 84 steps over 31 CTAs, so every tile is shared by several runs (some holding fewer of its steps
+# than the ring's stages) and a second kernel adds their fp32 parts in order. "runs_across_tiles" (14 MiB): 450 tiles
+# of 8 steps, more than an H100's resident CTAs (264 at 17-32 rows, 132 per x tile at 33-64), so that runs there start
+# and end inside tiles and some hold whole ones (on other GPUs the runs differ, so whether parts are added is not
 # asserted). 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes two; past the limit, dequantize +
 # cuBLAS. name: (shape, blocksize, the limit).
 MANY_ROWS_SHAPES = {
