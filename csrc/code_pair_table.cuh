@@ -61,6 +61,13 @@ __device__ __forceinline__ uint16_t operand_part(float v, int part) {
   return bits_of(part == 0 ? high : from_float<M>(v - to_float(high)));
 }
 
+// A lane's offset in the table of the code pair of byte `byte` (0..3) of `word`, with lane4 = 4 x lane: result
+// byte 0 <- lane4's byte 0 (selector 4), byte 1 <- word's byte `byte`, bytes 2, 3 <- zero (lane4's byte 1), i.e.
+// byte * 256 + 4 * lane.
+__device__ __forceinline__ uint32_t code_pair_offset(uint32_t word, uint32_t byte, uint32_t lane4) {
+  return __byte_perm(word, lane4, 0x5504u | byte << 4);
+}
+
 // Fills the byte -> code pair table (kCodePairTableBytes at `lut`, one copy per lane: see above) with the CTA's
 // threads; the caller syncs before reading it. Entry e holds (code of e's high nibble, code of its low nibble) as two
 // operand values in one 32-bit word, lane l's copy at byte e * 256 + 4 * l (the entry's first 128 bytes); with split

@@ -192,8 +192,7 @@ struct TileShape {
 // shared-memory address (a shared-window address, so that the load can add it as a uniform register).
 template <int kByte>
 __device__ __forceinline__ uint32_t code_pair(uint32_t lut, uint32_t word, uint32_t lane4) {
-  // result byte 0 <- lane4's byte 0 (selector 4), byte 1 <- word's byte kByte, bytes 2, 3 <- zero (lane4's 1)
-  const uint32_t offset = __byte_perm(word, lane4, 0x5504 | (kByte << 4));
+  const uint32_t offset = code_pair_offset(word, kByte, lane4);
   uint32_t pair;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(pair) : "r"(lut + offset));
   return pair;

@@ -244,12 +244,10 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
   };
 
   // Operand words of k-tile kk for lane (g, t): A[row][2t, 2t + 1] and A[row][2t + 8, 2t + 9] of k-tile kk are
-  // packed bytes 8 kk + t and 8 kk + t + 4 of the row's step: byte t of words 2 kk and 2 kk + 1. The permute puts
-  // byte t of a word in bits 8-15 and 4 x lane (byte 0 of lane4, whose byte 1 is 0) in bits 0-7.
+  // packed bytes 8 kk + t and 8 kk + t + 4 of the row's step: byte t of words 2 kk and 2 kk + 1.
   const uint32_t lane4 = 4 * lane;
-  const uint32_t table_offset = 0x5504u | uint32_t(t) << 4;
   const auto lookup = [&](uint32_t word) -> uint32_t {
-    return *reinterpret_cast<const uint32_t*>(mr_shared + __byte_perm(word, lane4, table_offset));
+    return *reinterpret_cast<const uint32_t*>(mr_shared + code_pair_offset(word, t, lane4));
   };
   const int b_row = (lane / 16) * 8 + lane % 8;  // ldmatrix: + 16 p
   const int b_chunk = lane / 8 % 2;              // + 2 kk
