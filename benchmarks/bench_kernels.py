@@ -201,17 +201,18 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
     return row
 
 
-# One layer from each size band of kTensorCoreGemvRowLimits (csrc/ops.h), and the rows on either side of the
-# bands' limits (16, 32, 48, 64).
+# One layer from each size band of kManyRowsGemvRowLimits (csrc/ops.h: under 5 MiB, 5-16 and from 16 MiB packed;
+# Llama's gate/up too, the largest), and the rows on either side of the limits of both memory classes (16 for one
+# tensor-core launch, 32, 64 and 96 for the many-rows kernel).
 CROSSOVER_LAYERS = [Layer("llama3.3-70b", "gate/up", 28672, 8192), Layer("llama3.3-70b", "q", 8192, 8192),
                     Layer("gemma-27b", "q", 4096, 5376), Layer("llama3.3-70b", "kv", 1024, 8192)]  # fmt: skip
-CROSSOVER_ROWS = [1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 49, 64, 65, 96, 128, 256]
+CROSSOVER_ROWS = [1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 97, 128, 256]
 
 
 def bench_crossover(layer: Layer, row_counts: list[int], bnb) -> list[dict]:
     """nf4::gemv (which picks its fused kernel or dequantize + cuBLAS by the rows of x), the two paths it
     chooses between (dequantize into a preallocated buffer + cuBLAS), bitsandbytes and cuBLAS bf16, for
-    each row count: the curve that sets kTensorCoreGemvRowLimits."""
+    each row count: the curve that checks kManyRowsGemvRowLimits."""
     import bitsandbytes.functional as bnbf
 
     weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)

@@ -144,7 +144,7 @@ def readme_section(results: dict, json_path: str) -> str:
         gemv_table(results),
         "",
         "**Rows of x**: where `nf4::gemv` switches from its fused kernels (the many-rows kernel for 17 rows and more) "
-        "to dequantize + cuBLAS (`kManyRowsGemvRowLimits` and `kTensorCoreGemvRowLimits`, csrc/ops.h):",
+        "to dequantize + cuBLAS (`kManyRowsGemvRowLimits`, csrc/ops.h):",
         "",
         crossover_table(results),
         END,

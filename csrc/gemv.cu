@@ -1,13 +1,11 @@
 // nf4::gemv on CUDA, five paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
 //    (MmaOperand), on sm_80+, plain or nested absmax, on layers with enough steps per warp (one_row_gemv_applies),
-//    also as
-//    the last launch of a call of 16 k + 1 rows of fp16/bf16 x, and for fp32 x of up to kOneRowFp32RowLimits
-//    (ops.h) rows, one launch that takes the rows one after another;
+//    and for fp32 x of up to kOneRowFp32RowLimits (ops.h) rows, one launch that takes the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
-//    allow, of up to tensor_core_gemv_max_rows(N, K, peak bandwidth) rows, kTensorCoreGemvLaunchRows per launch;
+//    allow, of up to kTensorCoreGemvLaunchRows rows, in one launch;
 //  - the many-rows kernel (csrc/gemv_many_rows.cu): fp16/bf16 x of 17 up to many_rows_gemv_max_rows rows where the
-//    tensor-core kernel's layout fits, in one launch (it comes before the launches of 16 rows);
+//    tensor-core kernel's layout fits, in one launch;
 //  - the CUDA-core kernel (fp32 x that the one-row kernel does not take, odd shapes, up to kFusedGemvMaxRows
 //    rows): one warp per row n of W decodes that row once and dots it with every row of x, accumulating in fp32;
 //  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
@@ -1325,7 +1323,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
                          x_rows <= many_rows_gemv_max_rows(rows, cols, peak_memory_GBps()) &&
                          many_rows_gemv_fits(rows, cols, x_rows);
   const int64_t fused_max_rows = many_rows      ? x_rows
-                                 : tensor_cores ? tensor_core_gemv_max_rows(rows, cols, peak_memory_GBps())
+                                 : tensor_cores ? kTensorCoreGemvLaunchRows
                                  : one_row_fp32 ? one_row_fp32_max_rows(rows, cols)
                                                 : kFusedGemvMaxRows;
   if (x_rows > fused_max_rows) {
@@ -1349,19 +1347,12 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
     if constexpr (!std::is_same_v<T, float>) {
-      // One launch per kTensorCoreGemvLaunchRows rows of x (ops.h says when that pays), each taking the kernel
-      // that a call of its rows alone takes (a last launch of one row: the one-row kernel where it applies), so
-      // every launch's rows equal that call's, bit for bit.
+      // One row takes the one-row kernel where it applies, up to 16 rows the tensor-core kernel.
       if (tensor_cores) {
-        for (int64_t first = 0; first < x_rows; first += kTensorCoreGemvLaunchRows) {
-          const int64_t launch_rows = std::min(kTensorCoreGemvLaunchRows, x_rows - first);
-          if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
-            launch_one_row_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, 1, bias_data,
-                                   out_data + first * rows, stream);
-          } else {
-            launch_tc_gemv<T>(x_data + first * cols, bytes, scales, spec, rows, cols, launch_rows, bias_data,
-                              out_data + first * rows, out, stream);
-          }
+        if (one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols, false)) {
+          launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, 1, bias_data, out_data, stream);
+        } else {
+          launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, x_rows, bias_data, out_data, out, stream);
         }
         return;
       }

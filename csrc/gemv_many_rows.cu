@@ -2,9 +2,8 @@
 // (kTensorCoreGemvLaunchRows): the many-rows kernel, which decodes each weight once per 32 rows of x.
 //
 // Why a kernel of its own: the tensor-core kernel (csrc/gemv.cu) decodes W for at most 16 rows of x, so more rows
-// took one launch per 16 rows, each decoding and reading all of W again, and past the limits of
-// kTensorCoreGemvRowLimits W was dequantized to a 16-bit temporary for cuBLAS (written and read again: on Llama's
-// gate/up 4x the packed bytes).
+// took one launch per 16 rows, each decoding and reading all of W again, or W was dequantized to a 16-bit temporary
+// for cuBLAS (written and read again: on Llama's gate/up 4x the packed bytes).
 //
 // Layout. A tile is 128 W rows by 32 x rows over all of K, in steps of 64 elements (one absmax block per row); a CTA's
 // 4 warps take 32 W rows each (two mma m-tiles) by the 32 x rows (four mma n-tiles). Each x tile's steps over all W
@@ -16,7 +15,7 @@
 // step's fp32 sums are scaled by the rows' absmax and added, as in the tensor-core kernel. A tile that one CTA finished
 // is written with its bias; the parts of a tile shared by two or more runs go to an fp32 buffer, which a second kernel
 // adds in run order, so every call gives the same bits (the runs depend on the x tiles too, so a row's bits may differ
-// between calls of different row counts; unlike the launches of 16 rows, no such equality is promised). Earlier
+// between calls of different row counts: no such equality is promised). Earlier
 // versions, which decoded W into shared memory for ldmatrix or with byte-permute arithmetic, were 1.3-2.3x slower, and
 // one with a grid of tiles (K split only where the tiles left half the CTAs idle) and two CTAs per SM was up to ~1.5x
 // slower (benchmarks/NOTES.md, gemv rows 63-64).

@@ -89,42 +89,26 @@ void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const 
 // The crossover between gemv's fused kernels and dequantize + dense matmul (cuBLAS on CUDA, at::linear
 // on the CPU): above these many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
 // because W is then reused by enough rows that a matrix-matrix product wins. This is the one place they
-// are set; benchmarks/NOTES.md (gemv rows 18 and 20) and the rows-of-x sweep of benchmarks/bench_kernels.py
+// are set; benchmarks/NOTES.md (gemv rows 18, 20, 64 and 65) and the rows-of-x sweep of benchmarks/bench_kernels.py
 // measure them (README, "Performance").
 //  - the CPU kernel and the CUDA-core CUDA kernel (fp32 x that the one-row kernel does not take, or shapes the
 //    tensor-core kernel cannot take):
 constexpr int64_t kFusedGemvMaxRows = 8;
-//  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 256 == 0, blocksize >= 64) takes up to
-//    kTensorCoreGemvLaunchRows rows of x per launch (two mma n-tiles of 8), and more rows in launches of
-//    that many, each of which reads all of W again. A launch on a large W runs near the memory bandwidth
-//    and dequantize + cuBLAS costs ~4 of them (it writes and reads W in 16 bits), on a small W a launch is
-//    latency-bound and costs about as much as dequantize + cuBLAS: so how many launches pay depends on the
-//    size of W, and on the GPU's memory: the launches are limited by the decode's issue rate more than by
-//    the memory (at 16 rows 42-51% of the read ceiling on the large layers of an H100, 34-40% on an H200:
-//    benchmarks/results), dequantize + cuBLAS by the memory, so on faster memory dequantize + cuBLAS
-//    catches up sooner. Each limit below is the largest row
-//    count at which the launches were faster, measured per memory class on the paper's layer shapes
-//    (NOTES gemv rows 18 and 20); the class is the peak DRAM bandwidth from the device's memory clock and
-//    bus width. GPUs other than these two use the class their bandwidth falls in.
+//  - the CUDA tensor-core kernel (fp16 / bf16 x on sm_80+, K % 256 == 0, blocksize >= 64): up to these many rows of
+//    x in one launch (two mma n-tiles of 8); more rows take the many-rows kernel below, then dequantize + cuBLAS.
+//    (Calls of 17-64 rows took launches of 16 rows, each reading all of W again, up to limits by W's size, until
+//    the many-rows kernel came: NOTES gemv rows 18, 20 and 65. Its limits reach past theirs on every W in both
+//    memory classes and it was faster at every row count measured, so the launches and their tables are gone.)
 constexpr int64_t kTensorCoreGemvLaunchRows = 16;
 struct GemvRowLimit {
   int64_t min_packed_mib;  // from this size of the packed W (N * K / 2 bytes, in MiB) ...
   int64_t max_rows;        // ... x of up to this many rows takes the fused kernel
 };
-// Measured on an H100 SXM (HBM3, 3.35 TB/s peak):
-constexpr GemvRowLimit kTensorCoreGemvRowLimits[] = {
-    {0, 16},    // Llama / Qwen k/v (2.5-4 MiB): one launch is about dequantize + cuBLAS's time
-    {10, 32},   // Gemma q/o (10.5 MiB): two launches 5% faster, three 35% slower
-    {16, 48},   // Qwen / Llama q/o (20-32 MiB), Gemma and Qwen gate/up and down (55-63 MiB)
-    {100, 64},  // Llama gate/up and down (112 MiB): four launches 7% faster
-};
-// From this peak bandwidth on, the next table. Measured on an H200 (HBM3e, 4.8 TB/s peak):
+// The memory classes of the tables below: the peak DRAM bandwidth from the device's memory clock and bus width.
+// The first table of each pair was measured on an H100 SXM (HBM3, 3.35 TB/s peak), the FastMemory one, for a
+// peak of kFastMemoryMinPeakGBps or more, on an H200 (HBM3e, 4.8 TB/s peak); other GPUs take the class their
+// bandwidth falls in.
 constexpr int64_t kFastMemoryMinPeakGBps = 4000;
-constexpr GemvRowLimit kTensorCoreGemvRowLimitsFastMemory[] = {
-    {0, 16},    // k/v; Gemma q/o (10.5 MiB): two launches 1-6% faster at 17-24 rows, 7% slower at 32
-    {16, 32},   // Llama q/o (32 MiB): three launches 10% faster at 33 rows, 3% slower at 48
-    {100, 48},  // Llama gate/up (112 MiB): three launches 17% faster at 48 rows, four 12% slower at 64
-};
 
 //  - fp32 x on CUDA where the one-row kernel takes it (csrc/gemv.cu, one_row_gemv_applies with split operands):
 //    one launch of the one-row kernel that takes the rows of x one after another (W from L2 after the first row
@@ -157,31 +141,35 @@ int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64
 
 //  - the many-rows kernel (csrc/gemv_many_rows.cu: fp16 / bf16 x where the tensor-core kernel's layout fits): a call
 //    of more than kTensorCoreGemvLaunchRows rows of x, up to these many, takes one launch of it, which decodes W
-//    once per 32 rows of x; past them the launches of 16 rows and dequantize + cuBLAS above take over. Measured on
-//    an H100 over the paper's layer shapes at 17-128 rows with its stream-K version (benchmarks/NOTES.md gemv row 64,
-//    benchmarks/results/h100-many-rows/v13_sweep.txt), against the better of dequantize + cuBLAS and bitsandbytes:
-//    faster on every layer through 32 rows; at 48-64 rows slower on Llama's and Qwen's k/v (4 and 2.5 MiB packed:
-//    16.1-16.3 us against 15.4-15.5, 14.2 against 13.6) and faster on the rest (Gemma's k/v, 5.25 MiB, 1.08x). At
-//    80-96 rows (three tiles of x) it was faster on every layer of 16 MiB or more (1.17-1.42x), but no test has
-//    checked its results with three tiles of x on a GPU yet, so those rows keep dequantize + cuBLAS until one has
-//    (the next limit would be {16, 96}). Not measured on faster memory (an H200), where dequantize + cuBLAS gains
-//    more than this compute-bound kernel: off there until it is. A tuning build may set one limit for every W with
-//    -DNF4_MANY_ROWS_MAX_ROWS=n.
+//    once per 32 rows of x (each 32 rows cost about the whole time again: it is bound by its decode, while
+//    dequantize + cuBLAS, which writes and reads W in 16 bits, is bound by the memory). Measured with its stream-K
+//    version over the paper's layer shapes at 17-128 rows (benchmarks/NOTES.md gemv rows 64-65, the sweeps in
+//    benchmarks/results/h100-many-rows/v13_sweep_checked.txt and h200-many-rows/), against the better of
+//    dequantize + cuBLAS and launches of 16 rows (and bitsandbytes, slower than both there):
+//    H100: faster on every layer through 32 rows (1.09-1.69x); at 48-64 rows slower on Llama's k/v (4 MiB packed:
+//    16.1-16.5 us against 15.3-15.6) and on Qwen's at 64 (2.5 MiB: 14.3 against 13.7), faster on the rest (Gemma's
+//    k/v, 5.25 MiB, 1.07-1.09x); at 80-96 rows (three tiles of x) faster on every layer of 16 MiB or more
+//    (1.17-1.42x), slower on Gemma's o and k/v; at 128 slower on the q/o/k/v layers and Llama's gate/up.
 constexpr GemvRowLimit kManyRowsGemvRowLimits[] = {
     {0, 32},
     {5, 64},
+    {16, 96},
 };
+//    H200: faster on every layer through 32 rows (1.02-1.58x); at 48-64 rows faster on every layer of 16 MiB or
+//    more (1.06-1.49x), even or slower below (Gemma's o 0.97-0.99x, the k/v layers 0.85-0.97x; Gemma's q 1.07-1.13x);
+//    at 80 rows and more slower on all but Gemma's and Qwen's down (1.02-1.03x).
+constexpr GemvRowLimit kManyRowsGemvRowLimitsFastMemory[] = {
+    {0, 32},
+    {16, 64},
+};
+// A tuning build may set one limit for every W and GPU with -DNF4_MANY_ROWS_MAX_ROWS=n.
 inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
 #ifdef NF4_MANY_ROWS_MAX_ROWS
   return NF4_MANY_ROWS_MAX_ROWS;
 #else
-  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? 0 : gemv_row_limit(kManyRowsGemvRowLimits, rows, cols);
+  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kManyRowsGemvRowLimitsFastMemory, rows, cols)
+                                                    : gemv_row_limit(kManyRowsGemvRowLimits, rows, cols);
 #endif
-}
-
-inline int64_t tensor_core_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
-  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kTensorCoreGemvRowLimitsFastMemory, rows, cols)
-                                                    : gemv_row_limit(kTensorCoreGemvRowLimits, rows, cols);
 }
 
 }  // namespace nf4

@@ -3,7 +3,7 @@
 The patched forward keeps bitsandbytes 0.50's `Linear4bit.forward` semantics (quant-state restore from the
 module, compute-dtype rule, bias cast, output cast back to the input dtype) and replaces only the matmul:
 `nf4::gemv`, which runs its fused kernel for few rows of x and dequantizes once + calls the dense matmul
-(cuBLAS) for many; the crossover is the op's (`kTensorCoreGemvRowLimits` / `kFusedGemvMaxRows` in csrc/ops.h). It adds an autograd rule for QLoRA (gradient for x and bias, never for the weight).
+(cuBLAS) for many; the crossover is the op's (`kManyRowsGemvRowLimits` / `kFusedGemvMaxRows` in csrc/ops.h). It adds an autograd rule for QLoRA (gradient for x and bias, never for the weight).
 
 Layers it cannot run (an unknown weight layout, a device without nf4 kernels) keep their original forward;
 one warning names them and says why. Nothing is changed in the checkpoint or the modules' parameters.

@@ -92,3 +92,31 @@ def gemv_reference(
     ).to(compute_dtype)  # fmt: skip
     bias = None if bias is None else bias.to(compute_dtype)
     return torch.nn.functional.linear(x.to(compute_dtype), weight, bias)
+
+
+def gemv_error_bound(
+    out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor] = None, **args
+) -> tuple[float, float]:
+    """The tolerance rule (README, "Correctness") for a gemv result `out`: returns (its max error against the
+    float64 answer, the most the rule allows), the allowance being twice the max error of plain PyTorch at x's
+    dtype (F.linear on the dequantized weight) plus a small absolute term, 1e-5 of the output's magnitude (fp32
+    summation-order noise). Computed on the inputs' device."""
+    exact = gemv_reference(x, packed, bias=bias, compute_dtype=torch.float64, **args)
+    plain = gemv_reference(x, packed, bias=bias, **args)
+    if exact.numel() == 0:
+        return 0.0, 0.0
+    err = (out.double() - exact).abs().max().item()
+    err_plain = (plain.double() - exact).abs().max().item()
+    return err, 2 * err_plain + 1e-5 * max(1.0, exact.abs().max().item())
+
+
+# The memory class by which csrc/ops.h picks its CUDA row limits (kFastMemoryMinPeakGBps: the tables measured on an
+# H200 from this peak bandwidth on), so that tests and the sanitizer workload can choose the row counts they check.
+FAST_MEMORY_MIN_PEAK_GBPS = 4000
+
+
+def has_fast_memory(device: Optional[int] = None) -> bool:
+    """Whether the CUDA device's peak memory bandwidth, computed as csrc/gemv.cu peak_memory_GBps does (memory
+    clock and bus width), is FAST_MEMORY_MIN_PEAK_GBPS or more."""
+    props = torch.cuda.get_device_properties(device)
+    return 2 * props.memory_clock_rate * (props.memory_bus_width // 8) // 10**6 >= FAST_MEMORY_MIN_PEAK_GBPS

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import nf4_ops  # a missing build fails here, loudly: never a skip
-from nf4_ops.reference import gemv_reference
+from nf4_ops.reference import gemv_error_bound
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
@@ -102,17 +102,9 @@ def bnb_cuda_works() -> bool:
 
 
 def assert_gemv_close(out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, args: dict, bias=None) -> None:
-    """The tolerance rule (README, "Correctness"): against the float64 answer, the kernel's max error may be
-    at most twice that of plain PyTorch at x's dtype (F.linear on the dequantized weight) plus a small
-    absolute term, 1e-5 of the output's magnitude (fp32 summation-order noise)."""
+    """The tolerance rule (nf4_ops.reference.gemv_error_bound), and out's dtype, shape and finiteness."""
     assert out.dtype == x.dtype
-    exact = gemv_reference(x, packed, bias=bias, compute_dtype=torch.float64, **args)
-    plain = gemv_reference(x, packed, bias=bias, **args)
-    assert out.shape == exact.shape
-    if exact.numel() == 0:
-        return
+    assert out.shape == (*x.shape[:-1], args["shape"][0])
     assert torch.isfinite(out).all()
-    err = (out.double() - exact).abs().max().item()
-    err_plain = (plain.double() - exact).abs().max().item()
-    atol = 1e-5 * max(1.0, exact.abs().max().item())
-    assert err <= 2 * err_plain + atol, f"max error {err:.3g} > 2 * {err_plain:.3g} (plain PyTorch) + {atol:.3g}"
+    err, allowed = gemv_error_bound(out, x, packed, bias=bias, **args)
+    assert err <= allowed, f"max error {err:.3g} > {allowed:.3g} allowed (twice plain PyTorch's, plus 1e-5 of |out|)"

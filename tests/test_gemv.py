@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import nf4_ops
-from nf4_ops.reference import absmax_reference
+from nf4_ops.reference import absmax_reference, has_fast_memory
 from conftest import (
     ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, assert_gemv_close, bnb_cuda_works, bnb_quantize,
     dtype_id, state_on,
@@ -416,68 +416,25 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
     assert torch.equal(with_inf[:, others], finite[:, others])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
-@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
-def test_gemv_tensor_core_launches(nested, dtype):
-    """More rows of x than one tensor-core launch takes (16), on a W large enough for several launches
-    (csrc/ops.h, kTensorCoreGemvRowLimits*: up to 32 or 48 rows from 16 MiB of packed W, by the GPU's memory), where
-    the many-rows kernel does not take them (GPUs with memory of 4 TB/s or more; elsewhere it does, up to 64 rows on
-    this W): every launch's rows equal that launch made alone, bit for bit (a last launch of one row takes the one-row
-    kernel where a one-row call on this W does, plain or nested absmax, on an H100 or H200), and past every table's
-    limit for this size (97 rows, past the many-rows kernel's next limit too) the call takes dequantize + cuBLAS."""
-    shape = (8200, 4096)  # 16.02 MiB packed
-    packed, args = weight_on("cuda", shape, "nf4", 64, nested)
-    x = random_x((97, shape[1]), dtype, "cuda")
-    bias = random_x((shape[0],), dtype, "cuda", seed=6)
-    for rows in (17, 24, 32):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
-            torch.cuda.synchronize()
-        names = [event.name for event in profile.events()]
-        if many_rows_kernel_on():  # one launch of the many-rows kernel instead (its own test covers it)
-            assert sum("gemv_kernel" in name for name in names) == 1 and any("many_rows" in n for n in names), names
-            assert_gemv_close(out, x[:rows], packed, args, bias)
-            continue
-        one_row_launches = sum("one_row_gemv_kernel" in name for name in names)
-        assert one_row_launches == (rows % 16 == 1 and one_row_kernel_takes(shape, 64, nested)), names
-        assert sum("tc_gemv_kernel" in name for name in names) + one_row_launches == -(-rows // 16), names
-        assert_gemv_close(out, x[:rows], packed, args, bias)
-        for first in range(0, rows, 16):
-            alone = torch.ops.nf4.gemv(x[first : min(first + 16, rows)], packed, bias=bias, **args)
-            assert torch.equal(out[first : first + 16], alone), f"rows {first}.. of {rows}"
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
-        torch.cuda.synchronize()
-    names = [event.name for event in profile.events()]
-    assert not any("tc_gemv_kernel" in name for name in names) and any("dequantize" in name for name in names), names
-    assert_gemv_close(out, x, packed, args, bias)
-
-
 # The many-rows kernel (csrc/gemv_many_rows.cu) takes 17 up to a limit of rows of fp16 / bf16 x that depends on W's
-# packed size (csrc/ops.h kManyRowsGemvRowLimits: 32 under 5 MiB, 64 from 5 MiB; off on memory of 4 TB/s or more,
-# kFastMemoryMinPeakGBps) in tiles of 128 W rows by 32 rows of x over all of K (steps of 64), each x tile's steps cut
-# into runs, one per CTA (stream-K). "whole_tiles": K = 512 (8 steps, kMrMinStepsPerCta) gives one CTA per tile, each
-# writing its outputs, with a last tile of 88 rows (its other 40 copy nothing). "shared_tiles": 3 tiles of 128 rows
-# (the last of 44) by 84 steps over 31 CTAs, so every tile is shared by several runs (some holding fewer of its steps
-# than the ring's stages) and a second kernel adds their fp32 parts in order. "runs_across_tiles" (14 MiB): 450 tiles
-# of 8 steps, more than an H100's resident CTAs (264 at 17-32 rows, 132 per x tile at 33-64), so that runs there start
-# and end inside tiles and some hold whole ones (on other GPUs the runs differ, so whether parts are added is not
-# asserted). 17 and 33 rows leave a tile of x part empty, 32 fills one, 64 takes two; past the limit, dequantize +
-# cuBLAS. name: (shape, blocksize, the limit).
+# packed size and the GPU's memory (csrc/ops.h kManyRowsGemvRowLimits: 32 under 5 MiB, 64 from 5 MiB, 96 from 16 MiB;
+# on memory of 4 TB/s or more, kManyRowsGemvRowLimitsFastMemory: 32 under 16 MiB, 64 from 16 MiB) in tiles of 128 W
+# rows by 32 rows of x over all of K (steps of 64), each x tile's steps cut into runs, one per CTA (stream-K).
+# "whole_tiles": K = 512 (8 steps, kMrMinStepsPerCta) gives one CTA per tile, each writing its outputs, with a last
+# tile of 88 rows (its other 40 copy nothing). "shared_tiles": 3 tiles of 128 rows (the last of 44) by 84 steps over
+# 31 CTAs, so every tile is shared by several runs (some holding fewer of its steps than the ring's stages) and a
+# second kernel adds their fp32 parts in order. "runs_across_tiles" (14 MiB): 450 tiles of 8 steps, more than an
+# H100's resident CTAs (264 at 17-32 rows, 132 per x tile at 33-64), so that runs there start and end inside tiles
+# and some hold whole ones (on other GPUs the runs differ, so whether parts are added is asserted only for the first
+# two shapes). "three_x_tiles" (16.3 MiB): 33 tiles of 64 steps, the last of 88 rows, at 65-96 rows three groups of
+# CTAs, one per tile of x. 17, 33 and 65 rows leave a tile of x part empty, 32 fills one, 64 two and 96 three; past
+# the limit, dequantize + cuBLAS. name: (shape, blocksize, the limit, the limit on fast memory).
 MANY_ROWS_SHAPES = {
-    "whole_tiles": ((128 * 6 - 40, 512), 64, 32),
-    "shared_tiles": ((300, 256 * 21), 128, 32),
-    "runs_across_tiles": ((128 * 450 - 24, 512), 64, 64),
+    "whole_tiles": ((128 * 6 - 40, 512), 64, 32, 32),
+    "shared_tiles": ((300, 256 * 21), 128, 32, 32),
+    "runs_across_tiles": ((128 * 450 - 24, 512), 64, 64, 32),
+    "three_x_tiles": ((128 * 33 - 40, 8192), 64, 96, 64),
 }
-FAST_MEMORY_MIN_PEAK_GBPS = 4000
-
-
-def many_rows_kernel_on() -> bool:
-    """Whether this GPU takes the many-rows kernel: its peak memory bandwidth, as csrc/gemv.cu peak_memory_GBps
-    computes it, is under FAST_MEMORY_MIN_PEAK_GBPS."""
-    props = torch.cuda.get_device_properties(0)
-    return 2 * props.memory_clock_rate * (props.memory_bus_width // 8) / 1e6 < FAST_MEMORY_MIN_PEAK_GBPS
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -485,21 +442,26 @@ def many_rows_kernel_on() -> bool:
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize("shape_name", list(MANY_ROWS_SHAPES))
 def test_gemv_many_rows(shape_name, nested, dtype):
-    shape, blocksize, max_rows = MANY_ROWS_SHAPES[shape_name]
+    shape, blocksize, max_rows, fast_memory_max_rows = MANY_ROWS_SHAPES[shape_name]
+    max_rows = fast_memory_max_rows if has_fast_memory() else max_rows
     packed, args = weight_on("cuda", shape, "fp4" if nested else "nf4", blocksize, nested)
     x = random_x((100, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=7)
-    for rows in (17, 32, 33, 64, 65, 100):
+    for rows in (17, 32, 33, 64, 65, 96, 97, 100):
         row_bias = bias if rows % 2 else None
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args)
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
-        takes = many_rows_kernel_on() and rows <= max_rows
+        takes = rows <= max_rows
         assert sum("many_rows_gemv_kernel" in name for name in names) == takes, (rows, names)
         if takes:
             parts = any("add_run_parts_kernel" in name for name in names)
-            assert shape_name == "runs_across_tiles" or parts == (shape_name == "shared_tiles"), names
+            if shape_name in ("whole_tiles", "shared_tiles"):
+                assert parts == (shape_name == "shared_tiles"), names
+        else:  # past the limit: no launches of the tensor-core kernel, dequantize + cuBLAS
+            assert not any("tc_gemv_kernel" in name for name in names), names
+            assert any("dequantize" in name for name in names), names
         assert_gemv_close(out, x[:rows], packed, args, row_bias)
         assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args), out)  # the same bits every run
 

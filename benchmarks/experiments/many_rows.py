@@ -3,7 +3,9 @@
 bitsandbytes' matmul_4bit and cuBLAS bf16 on the unquantized weight, on the paper's layer shapes (each N x K once).
 Same method as benchmarks/bench_kernels.py (CUDA graphs over rotated weight copies quantized by bitsandbytes,
 medians of replays). Built with -DNF4_MANY_ROWS_MAX_ROWS=256 (NF4_OPS_NVCC_FLAGS), nf4::gemv takes the many-rows
-kernel at every row count here: that is how csrc/ops.h's kManyRowsGemvRowLimits is measured.
+kernel at every row count here: that is how csrc/ops.h's kManyRowsGemvRowLimits is measured. Each nf4::gemv result
+is also checked against the tolerance rule (nf4_ops.reference.gemv_error_bound; the script exits non-zero on a
+miss), so a sweep of a tuning build checks row counts past the limits, which the tests do not reach.
 
     python benchmarks/experiments/many_rows.py [--rows 17 32 64 128 256] [--nested] [--layers N K ...]
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 import torch
 
 import nf4_ops
+from nf4_ops.reference import gemv_error_bound
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import BLOCKSIZE, PAPER_LAYERS, QUANT_TYPE, copies_for, graph_median_us  # noqa: E402
@@ -42,8 +45,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, bitsandbytes {bnb.__version__}, "
           f"{'nested' if args.nested else 'plain'} absmax, bf16 x")  # fmt: skip
     print("| layer | N x K | M | nf4::gemv us | launches of 16 us | dequantize + cuBLAS us | bnb us | cuBLAS bf16 us "
-          "| gemv vs best of (launches, dequantize + cuBLAS) | gemv vs bnb |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| gemv vs best of (launches, dequantize + cuBLAS) | gemv vs bnb | gemv max error / allowed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    misses = []
     for n, k in shapes:
         weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         count = copies_for(gemv_bytes(n, k, BLOCKSIZE, 1))
@@ -66,11 +70,20 @@ def main() -> None:
             dense_path = graph_median_us(dequantize_then_cublas, quantized)
             theirs = graph_median_us(lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s), quantized)
             cublas = graph_median_us(lambda w: torch.nn.functional.linear(x, w), dense)
+            packed, state = quantized[0]
+            out = nf4_ops.gemv(x, packed, state)
+            err, allowed = gemv_error_bound(out, x, packed, **nf4_ops.quant_state_args(state))
+            if not err <= allowed:
+                misses.append(f"{n} x {k}, {rows} rows: max error {err:.3g} > {allowed:.3g} allowed")
             cells = [names.get((n, k), "-"), f"{n} x {k}", str(rows), f"{ours:.1f}", f"{old:.1f}", f"{dense_path:.1f}",
-                     f"{theirs:.1f}", f"{cublas:.1f}", f"{min(old, dense_path) / ours:.2f}x", f"{theirs / ours:.2f}x"]
+                     f"{theirs:.1f}", f"{cublas:.1f}", f"{min(old, dense_path) / ours:.2f}x", f"{theirs / ours:.2f}x",
+                     f"{err / allowed:.2f}"]
             print("| " + " | ".join(cells) + " |", flush=True)
         del weight, quantized, dense, buffer
         torch.cuda.empty_cache()
+    for miss in misses:
+        print(f"gemv result outside the tolerance rule: {miss}")
+    raise SystemExit(1 if misses else 0)
 
 
 if __name__ == "__main__":
