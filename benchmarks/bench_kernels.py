@@ -203,10 +203,11 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
 
 # One layer from each size band of kManyRowsGemvRowLimits (csrc/ops.h: under 5 MiB, 5-16 and from 16 MiB packed;
 # Llama's gate/up too, the largest), and the rows on either side of the limits of both memory classes (16 for one
-# tensor-core launch, 32, 64 and 96 for the many-rows kernel).
+# tensor-core launch, 32, 64 and 96 for the many-rows kernel; 33, 40 and 65 where the last rows of x take a launch of
+# their own, kManyRowsTailRowLimits).
 CROSSOVER_LAYERS = [Layer("llama3.3-70b", "gate/up", 28672, 8192), Layer("llama3.3-70b", "q", 8192, 8192),
                     Layer("gemma-27b", "q", 4096, 5376), Layer("llama3.3-70b", "kv", 1024, 8192)]  # fmt: skip
-CROSSOVER_ROWS = [1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 97, 128, 256]
+CROSSOVER_ROWS = [1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 40, 48, 64, 65, 96, 97, 128, 256]
 
 
 def bench_crossover(layer: Layer, row_counts: list[int], bnb) -> list[dict]:

@@ -1335,39 +1335,47 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   at::Tensor out = at::empty({x_rows, rows}, x.options());
   if (x_rows == 0 || rows == 0) return out.reshape_symint(out_shape);
   const at::Tensor bias_c = bias.has_value() ? bias->contiguous() : at::Tensor();
+  // The many-rows kernel takes every row of x, or its whole tiles and leaves the last rows (ops.h,
+  // many_rows_gemv_tail_rows) to the launch below that a call of those rows alone takes.
+  int64_t first_row = 0;
   if (many_rows) {
-    launch_many_rows_gemv(x_2d, bytes, scales, spec, bias_c, out);
-    return out.reshape_symint(out_shape);
+    first_row = x_rows - many_rows_gemv_tail_rows(rows, cols, x_rows);
+    at::Tensor tiles_out = out.narrow(0, 0, first_row);
+    launch_many_rows_gemv(x_2d.narrow(0, 0, first_row), bytes, scales, spec, bias_c, tiles_out);
+    if (first_row == x_rows) return out.reshape_symint(out_shape);
   }
+  const int64_t launch_rows = x_rows - first_row;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   NF4_DISPATCH_FLOAT_TYPES(x.scalar_type(), "nf4::gemv", [&] {
     using T = typename CudaScalar<scalar_t>::type;
-    const T* x_data = reinterpret_cast<const T*>(x_2d.const_data_ptr<scalar_t>());
+    const T* x_data = reinterpret_cast<const T*>(x_2d.const_data_ptr<scalar_t>()) + first_row * cols;
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
-    T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>());
+    T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>()) + first_row * rows;
     if constexpr (!std::is_same_v<T, float>) {
       // One row takes the one-row kernel where it applies, up to 16 rows the tensor-core kernel.
       if (tensor_cores) {
-        if (one_row_gemv_applies(x_rows, scales, spec.blocksize_log2, rows, cols, false)) {
+        if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
           launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, 1, bias_data, out_data, stream);
         } else {
-          launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, x_rows, bias_data, out_data, out, stream);
+          launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, out, stream);
         }
         return;
       }
     } else if (one_row_fp32) {  // one launch for every row of x (ops.h, kOneRowFp32RowLimits)
-      launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, x_rows, bias_data, out_data, stream);
+      launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
       return;
     }
     const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     const bool vectorize = cols % kChunkElements == 0 && is_aligned_16(bytes) && is_aligned_16(x_data);
     if (vectorize) {
       fused_gemv_kernel<T, true><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-          x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias_data, out_data);
+          x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(launch_rows), bias_data,
+          out_data);
     } else {
       fused_gemv_kernel<T, false><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-          x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias_data, out_data);
+          x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(launch_rows), bias_data,
+          out_data);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

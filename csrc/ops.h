@@ -7,6 +7,7 @@
 #include <c10/core/SymInt.h>
 #include <c10/util/string_view.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "nf4_core.h"
@@ -163,7 +164,24 @@ constexpr GemvRowLimit kManyRowsGemvRowLimitsFastMemory[] = {
     {0, 32},
     {16, 64},
 };
-// A tuning build may set one limit for every W and GPU with -DNF4_MANY_ROWS_MAX_ROWS=n.
+//    The kernel decodes W once per tile of this many rows of x, so a last tile of a few rows costs about what a whole
+//    one does (on Llama's gate/up ~95 us on an H100 or an H200), where a launch of the one-row kernel for one row
+//    takes 46-56 us and of the tensor-core kernel for 2-16 rows 48-86. So, in a call the many-rows kernel takes, the
+//    last x_rows % 32 rows take a launch of their own after the whole tiles (the launch a call of those rows alone
+//    takes) where they are at most these many, by the size of W. Each is the most such rows at which that split was
+//    faster on the paper's layers at 33-48 and 65-80 rows (benchmarks/NOTES.md gemv row 66; the sweeps
+//    benchmarks/results/h100-many-rows/v13_sweep_tail_apart.txt and h200-many-rows/): one row from 16 MiB (H100
+//    1.06-1.26x, H200 1.11-1.33x); 2-8 rows from 30 MiB (H100 0.99-1.09x: Gemma's gate/up at 8 rows 1% slower; H200
+//    1.08-1.17x); up to 16 rows on Llama's gate/up and down, 112 MiB (H100 1.05-1.26x, H200 1.13-1.33x). Below 16 MiB
+//    the launch costs more than the tile. One table for both memory classes: the H200 gained more at every point.
+constexpr int64_t kManyRowsXTileRows = 32;
+constexpr GemvRowLimit kManyRowsTailRowLimits[] = {
+    {16, 1},
+    {30, 8},
+    {100, 16},
+};
+// A tuning build may set one limit for every W and GPU with -DNF4_MANY_ROWS_MAX_ROWS=n, and one tail limit with
+// -DNF4_MANY_ROWS_TAIL_ROWS=n (0: the kernel alone takes every row).
 inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
 #ifdef NF4_MANY_ROWS_MAX_ROWS
   return NF4_MANY_ROWS_MAX_ROWS;
@@ -171,6 +189,17 @@ inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_
   return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kManyRowsGemvRowLimitsFastMemory, rows, cols)
                                                     : gemv_row_limit(kManyRowsGemvRowLimits, rows, cols);
 #endif
+}
+
+// How many of the last rows of x take a launch of their own in a call of x_rows rows that the many-rows kernel takes.
+inline int64_t many_rows_gemv_tail_rows(int64_t rows, int64_t cols, int64_t x_rows) {
+#ifdef NF4_MANY_ROWS_TAIL_ROWS
+  const int64_t max_tail = NF4_MANY_ROWS_TAIL_ROWS;
+#else
+  const int64_t max_tail = gemv_row_limit(kManyRowsTailRowLimits, rows, cols);
+#endif
+  const int64_t tail = x_rows % kManyRowsXTileRows;
+  return x_rows > kManyRowsXTileRows && tail <= std::min(max_tail, kTensorCoreGemvLaunchRows) ? tail : 0;
 }
 
 }  // namespace nf4

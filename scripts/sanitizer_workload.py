@@ -100,14 +100,16 @@ def main():
     # dequantize + cuBLAS; tests/test_gemv.py MANY_ROWS_SHAPES): one CTA per tile with a last tile of 88 W rows;
     # tiles shared by several CTAs' runs (fp32 parts added by a second kernel); more tiles than CTAs, runs starting
     # and ending inside tiles, two tiles of x (on fast memory one); three tiles of x (on fast memory two); each with
-    # a part-empty last tile of x.
+    # a part-empty last tile of x; and on W of 16 MiB or more, a last row of x in a launch of its own after the whole
+    # tiles (kManyRowsTailRowLimits).
     fast = has_fast_memory()
-    many_rows_cases = ((128 * 6 - 40, 512, False, 24), (300, 256 * 20, True, 31),
-                       (128 * 450 - 24, 512, False, 31 if fast else 40),
-                       (128 * 33 - 40, 8192, False, 48 if fast else 80))  # fmt: skip
-    for n, k, nested, rows in many_rows_cases:
+    many_rows_cases = ((128 * 6 - 40, 512, False, (24,)), (300, 256 * 20, True, (31,)),
+                       (128 * 450 - 24, 512, False, (31 if fast else 40,)),
+                       (128 * 33 - 40, 8192, False, (48 if fast else 80, 33)))  # fmt: skip
+    for n, k, nested, row_counts in many_rows_cases:
         packed, args = random_weight(n, k, 64, nested)
-        failures += check_gemv(packed, args, rows, f"{n}x{k} many rows nested={nested}")
+        for rows in row_counts:
+            failures += check_gemv(packed, args, rows, f"{n}x{k} many rows nested={nested}")
     torch.cuda.synchronize()
     print(f"sanitizer workload: {failures} mismatches")
     raise SystemExit(1 if failures else 0)

@@ -426,14 +426,17 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
 # second kernel adds their fp32 parts in order. "runs_across_tiles" (14 MiB): 450 tiles of 8 steps, more than an
 # H100's resident CTAs (264 at 17-32 rows, 132 per x tile at 33-64), so that runs there start and end inside tiles
 # and some hold whole ones (on other GPUs the runs differ, so whether parts are added is asserted only for the first
-# two shapes). "three_x_tiles" (16.3 MiB): 33 tiles of 64 steps, the last of 88 rows, at 65-96 rows three groups of
-# CTAs, one per tile of x. 17, 33 and 65 rows leave a tile of x part empty, 32 fills one, 64 two and 96 three; past
-# the limit, dequantize + cuBLAS. name: (shape, blocksize, the limit, the limit on fast memory).
+# two shapes). "three_x_tiles" (30.3 MiB): 61 tiles of 64 steps, the last of 88 rows, at 65-96 rows three groups of
+# CTAs, one per tile of x; on it a last tile of x of up to 8 rows (csrc/ops.h kManyRowsTailRowLimits) takes a launch of
+# its own (the tensor-core or one-row kernel), and those rows must equal a call of them alone, bit for bit, as the
+# whole tiles' rows must equal a call of those. 17, 33 and 65 rows leave a tile of x part empty, 32 fills one, 64 two
+# and 96 three; past the limit, dequantize + cuBLAS. name: (shape, blocksize, the limit, the limit on fast memory, the
+# most last rows that take a launch of their own).
 MANY_ROWS_SHAPES = {
-    "whole_tiles": ((128 * 6 - 40, 512), 64, 32, 32),
-    "shared_tiles": ((300, 256 * 21), 128, 32, 32),
-    "runs_across_tiles": ((128 * 450 - 24, 512), 64, 64, 32),
-    "three_x_tiles": ((128 * 33 - 40, 8192), 64, 96, 64),
+    "whole_tiles": ((128 * 6 - 40, 512), 64, 32, 32, 0),
+    "shared_tiles": ((300, 256 * 21), 128, 32, 32, 0),
+    "runs_across_tiles": ((128 * 450 - 24, 512), 64, 64, 32, 0),
+    "three_x_tiles": ((128 * 61 - 40, 8192), 64, 96, 64, 8),
 }
 
 
@@ -442,12 +445,12 @@ MANY_ROWS_SHAPES = {
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 @pytest.mark.parametrize("shape_name", list(MANY_ROWS_SHAPES))
 def test_gemv_many_rows(shape_name, nested, dtype):
-    shape, blocksize, max_rows, fast_memory_max_rows = MANY_ROWS_SHAPES[shape_name]
+    shape, blocksize, max_rows, fast_memory_max_rows, max_tail_rows = MANY_ROWS_SHAPES[shape_name]
     max_rows = fast_memory_max_rows if has_fast_memory() else max_rows
     packed, args = weight_on("cuda", shape, "fp4" if nested else "nf4", blocksize, nested)
     x = random_x((100, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=7)
-    for rows in (17, 32, 33, 64, 65, 96, 97, 100):
+    for rows in (17, 32, 33, 40, 41, 64, 65, 72, 96, 97, 100):
         row_bias = bias if rows % 2 else None
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args)
@@ -455,13 +458,19 @@ def test_gemv_many_rows(shape_name, nested, dtype):
         names = [event.name for event in profile.events()]
         takes = rows <= max_rows
         assert sum("many_rows_gemv_kernel" in name for name in names) == takes, (rows, names)
-        if takes:
+        tail = rows % 32 if takes and rows > 32 and rows % 32 <= max_tail_rows else 0
+        launches = sum("tc_gemv_kernel" in name or "one_row_gemv_kernel" in name for name in names)
+        if not takes:  # past the limit: dequantize + cuBLAS
+            assert launches == 0 and any("dequantize" in name for name in names), names
+        else:
+            assert launches == (tail > 0), (rows, names)
             parts = any("add_run_parts_kernel" in name for name in names)
             if shape_name in ("whole_tiles", "shared_tiles"):
                 assert parts == (shape_name == "shared_tiles"), names
-        else:  # past the limit: no launches of the tensor-core kernel, dequantize + cuBLAS
-            assert not any("tc_gemv_kernel" in name for name in names), names
-            assert any("dequantize" in name for name in names), names
+        if tail:
+            for first, last in ((0, rows - tail), (rows - tail, rows)):
+                alone = torch.ops.nf4.gemv(x[first:last], packed, bias=row_bias, **args)
+                assert torch.equal(out[first:last], alone), f"rows {first}-{last} of {rows}"
         assert_gemv_close(out, x[:rows], packed, args, row_bias)
         assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args), out)  # the same bits every run
 

@@ -2,8 +2,9 @@
 (launches of 16 rows, each a call of nf4::gemv on 16 rows of x; dequantize into a preallocated buffer + cuBLAS),
 bitsandbytes' matmul_4bit and cuBLAS bf16 on the unquantized weight, on the paper's layer shapes (each N x K once).
 Same method as benchmarks/bench_kernels.py (CUDA graphs over rotated weight copies quantized by bitsandbytes,
-medians of replays). Built with -DNF4_MANY_ROWS_MAX_ROWS=256 (NF4_OPS_NVCC_FLAGS), nf4::gemv takes the many-rows
-kernel at every row count here: that is how csrc/ops.h's kManyRowsGemvRowLimits is measured. Each nf4::gemv result
+medians of replays). Built with -DNF4_MANY_ROWS_MAX_ROWS=256 -DNF4_MANY_ROWS_TAIL_ROWS=0 (NF4_OPS_NVCC_FLAGS),
+nf4::gemv takes the many-rows kernel alone at every row count here: that is how csrc/ops.h's kManyRowsGemvRowLimits
+is measured, and the last column (the last rows % 32 as a call of their own) its kManyRowsTailRowLimits. Each nf4::gemv result
 is also checked against the tolerance rule (nf4_ops.reference.gemv_error_bound; the script exits non-zero on a
 miss), so a sweep of a tuning build checks row counts past the limits, which the tests do not reach.
 
@@ -26,6 +27,7 @@ from bench_kernels import BLOCKSIZE, PAPER_LAYERS, QUANT_TYPE, copies_for, graph
 from report import gemv_bytes  # noqa: E402
 
 LAUNCH_ROWS = 16  # csrc/ops.h, kTensorCoreGemvLaunchRows
+X_TILE_ROWS = 32  # csrc/gemv_many_rows.cu, kMrXTileRows
 
 
 def main() -> None:
@@ -45,8 +47,9 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, bitsandbytes {bnb.__version__}, "
           f"{'nested' if args.nested else 'plain'} absmax, bf16 x")  # fmt: skip
     print("| layer | N x K | M | nf4::gemv us | launches of 16 us | dequantize + cuBLAS us | bnb us | cuBLAS bf16 us "
-          "| gemv vs best of (launches, dequantize + cuBLAS) | gemv vs bnb | gemv max error / allowed |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| gemv vs best of (launches, dequantize + cuBLAS) | gemv vs bnb | gemv max error / allowed "
+          "| gemv with the last rows % 32 apart us |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     misses = []
     for n, k in shapes:
         weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
@@ -65,7 +68,15 @@ def main() -> None:
             def launches(p, s):
                 return [nf4_ops.gemv(x[m : m + LAUNCH_ROWS], p, s) for m in range(0, rows, LAUNCH_ROWS)]
 
+            # A last part-filled tile of x of up to one launch's rows as a call of its own (one launch of the
+            # tensor-core or one-row kernel) after the whole tiles: what that split would cost.
+            tail = rows % X_TILE_ROWS if rows > X_TILE_ROWS and rows % X_TILE_ROWS <= LAUNCH_ROWS else 0
+
+            def tail_apart(p, s):
+                return [nf4_ops.gemv(x[: rows - tail], p, s), nf4_ops.gemv(x[rows - tail :], p, s)]
+
             ours = graph_median_us(lambda p, s: nf4_ops.gemv(x, p, s), quantized)
+            apart = graph_median_us(tail_apart, quantized) if tail else 0.0
             old = graph_median_us(launches, quantized)
             dense_path = graph_median_us(dequantize_then_cublas, quantized)
             theirs = graph_median_us(lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s), quantized)
@@ -77,7 +88,7 @@ def main() -> None:
                 misses.append(f"{n} x {k}, {rows} rows: max error {err:.3g} > {allowed:.3g} allowed")
             cells = [names.get((n, k), "-"), f"{n} x {k}", str(rows), f"{ours:.1f}", f"{old:.1f}", f"{dense_path:.1f}",
                      f"{theirs:.1f}", f"{cublas:.1f}", f"{min(old, dense_path) / ours:.2f}x", f"{theirs / ours:.2f}x",
-                     f"{err / allowed:.2f}"]
+                     f"{err / allowed:.2f}", f"{apart:.1f}" if tail else "-"]
             print("| " + " | ".join(cells) + " |", flush=True)
         del weight, quantized, dense, buffer
         torch.cuda.empty_cache()
