@@ -5,7 +5,8 @@
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to kTensorCoreGemvLaunchRows rows, in one launch;
 //  - the many-rows kernel (csrc/gemv_many_rows.cu): fp16/bf16 x of 17 up to many_rows_gemv_max_rows rows where the
-//    tensor-core kernel's layout fits, in one launch;
+//    tensor-core kernel's layout fits, in one launch, but for a few last rows on large W (many_rows_gemv_tail_rows),
+//    which then take one launch of the one-row or tensor-core kernel, as a call of those rows alone would;
 //  - the CUDA-core kernel (fp32 x that the one-row kernel does not take, odd shapes, up to kFusedGemvMaxRows
 //    rows): one warp per row n of W decodes that row once and dots it with every row of x, accumulating in fp32;
 //  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.

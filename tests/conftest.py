@@ -107,4 +107,4 @@ def assert_gemv_close(out: torch.Tensor, x: torch.Tensor, packed: torch.Tensor, 
     assert out.shape == (*x.shape[:-1], args["shape"][0])
     assert torch.isfinite(out).all()
     err, allowed = gemv_error_bound(out, x, packed, bias=bias, **args)
-    assert err <= allowed, f"max error {err:.3g} > {allowed:.3g} allowed (twice plain PyTorch's, plus 1e-5 of |out|)"
+    assert err <= allowed, f"max error {err:.3g} > {allowed:.3g} allowed (twice plain PyTorch's + 1e-5 of max |out|)"

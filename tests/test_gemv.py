@@ -426,12 +426,13 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
 # second kernel adds their fp32 parts in order. "runs_across_tiles" (14 MiB): 450 tiles of 8 steps, more than an
 # H100's resident CTAs (264 at 17-32 rows, 132 per x tile at 33-64), so that runs there start and end inside tiles
 # and some hold whole ones (on other GPUs the runs differ, so whether parts are added is asserted only for the first
-# two shapes). "three_x_tiles" (30.3 MiB): 61 tiles of 64 steps, the last of 88 rows, at 65-96 rows three groups of
+# two shapes). "three_x_tiles" (30.3 MiB): 61 tiles of 128 steps, the last of 88 rows, at 65-96 rows three groups of
 # CTAs, one per tile of x; on it a last tile of x of up to 8 rows (csrc/ops.h kManyRowsTailRowLimits) takes a launch of
 # its own (the tensor-core or one-row kernel), and those rows must equal a call of them alone, bit for bit, as the
-# whole tiles' rows must equal a call of those. 17, 33 and 65 rows leave a tile of x part empty, 32 fills one, 64 two
-# and 96 three; past the limit, dequantize + cuBLAS. name: (shape, blocksize, the limit, the limit on fast memory, the
-# most last rows that take a launch of their own).
+# whole tiles' rows must equal a call of those. 17 and 41 rows leave a tile of x part empty (33, 40, 65 and 72 only
+# on the other shapes: on this one their last rows go apart), 80 the third (16 last rows, too many to go apart), 32
+# fills one, 64 two and 96 three; past the limit, dequantize + cuBLAS. name: (shape, blocksize, the limit, the limit
+# on fast memory, the most last rows that take a launch of their own).
 MANY_ROWS_SHAPES = {
     "whole_tiles": ((128 * 6 - 40, 512), 64, 32, 32, 0),
     "shared_tiles": ((300, 256 * 21), 128, 32, 32, 0),
@@ -450,7 +451,7 @@ def test_gemv_many_rows(shape_name, nested, dtype):
     packed, args = weight_on("cuda", shape, "fp4" if nested else "nf4", blocksize, nested)
     x = random_x((100, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=7)
-    for rows in (17, 32, 33, 40, 41, 64, 65, 72, 96, 97, 100):
+    for rows in (17, 32, 33, 40, 41, 64, 65, 72, 80, 96, 97, 100):
         row_bias = bias if rows % 2 else None
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args)

@@ -4,9 +4,9 @@ bitsandbytes' matmul_4bit and cuBLAS bf16 on the unquantized weight, on the pape
 Same method as benchmarks/bench_kernels.py (CUDA graphs over rotated weight copies quantized by bitsandbytes,
 medians of replays). Built with -DNF4_MANY_ROWS_MAX_ROWS=256 -DNF4_MANY_ROWS_TAIL_ROWS=0 (NF4_OPS_NVCC_FLAGS),
 nf4::gemv takes the many-rows kernel alone at every row count here: that is how csrc/ops.h's kManyRowsGemvRowLimits
-is measured, and the last column (the last rows % 32 as a call of their own) its kManyRowsTailRowLimits. Each nf4::gemv result
-is also checked against the tolerance rule (nf4_ops.reference.gemv_error_bound; the script exits non-zero on a
-miss), so a sweep of a tuning build checks row counts past the limits, which the tests do not reach.
+is measured, and the last column (the last rows % 32 as a call of their own) its kManyRowsTailRowLimits. Each
+nf4::gemv result is also checked against the tolerance rule (nf4_ops.reference.gemv_error_bound; the script exits
+non-zero on a miss), so a sweep of a tuning build checks row counts past the limits, which the tests do not reach.
 
     python benchmarks/experiments/many_rows.py [--rows 17 32 64 128 256] [--nested] [--layers N K ...]
 """
@@ -27,7 +27,7 @@ from bench_kernels import BLOCKSIZE, PAPER_LAYERS, QUANT_TYPE, copies_for, graph
 from report import gemv_bytes  # noqa: E402
 
 LAUNCH_ROWS = 16  # csrc/ops.h, kTensorCoreGemvLaunchRows
-X_TILE_ROWS = 32  # csrc/gemv_many_rows.cu, kMrXTileRows
+X_TILE_ROWS = 32  # csrc/ops.h, kManyRowsXTileRows
 
 
 def main() -> None:
