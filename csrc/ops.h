@@ -105,7 +105,7 @@ constexpr int64_t kFusedGemvMaxRows = 8;
 constexpr int64_t kTensorCoreGemvLaunchRows = 16;
 struct GemvRowLimit {
   int64_t min_packed_mib;  // from this size of the packed W (N * K / 2 bytes, in MiB) ...
-  int64_t max_rows;        // ... x of up to this many rows takes the fused kernel
+  int64_t max_rows;        // ... up to this many rows of x take the path its table is for
 };
 // The memory classes of the tables below: the peak DRAM bandwidth from the device's memory clock and bus width.
 // The first table of each pair was measured on an H100 SXM (HBM3, 3.35 TB/s peak), the FastMemory one, for a
