@@ -39,6 +39,25 @@ __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 
+// Programmatic dependent launch (sm_90+). The kernels are launched with launch_kernel (launch_cache.h), which lets
+// a kernel start while the kernel before it in the stream is still finishing: its CTAs take SMs as the previous
+// kernel's CTAs leave them, and do their set-up (the shared-memory tables) in that time. Nothing before
+// wait_for_previous_kernels() may touch global memory: the previous kernel may be writing x, W or the buffer
+// this kernel writes (the caching allocator hands freed memory on in stream order). Every CTA calls it, before
+// any return, so that this kernel's completion implies the previous one's, for the kernel after. Every kernel
+// calls let_next_kernel_start() first thing: the next kernel's CTAs may then launch once all of this kernel's
+// have, and they wait in turn. Without the launch attribute, or before sm_90, both do nothing.
+__device__ __forceinline__ void wait_for_previous_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_next_kernel_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Whether a pointer allows 16-byte vector access.
 inline bool is_aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

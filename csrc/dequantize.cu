@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "cuda_types.cuh"
+#include "launch_cache.h"
 #include "ops.h"
 
 namespace nf4 {
@@ -55,9 +56,11 @@ __global__ void __launch_bounds__(kThreads)
                       int blocksize_log2, int64_t numel, int64_t items, T* __restrict__ out) {
   using U = Unit<T>;
   using Word = typename U::PackedWord;
+  let_next_kernel_start();
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
   __syncthreads();
+  wait_for_previous_kernels();
 
   const int lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -112,9 +115,9 @@ void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const B
                                               (scalar_elements + kThreads - 1) / kThreads, 1});
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::dequantize: shape ", spec.rows, " x ", spec.cols,
                 " needs ", blocks, " CUDA blocks, more than a launch allows");
-    dequantize_kernel<T><<<static_cast<int>(blocks), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        bytes, scales, spec.quant_type, spec.blocksize_log2, numel, items, out_data);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(dequantize_kernel<T>, dim3(static_cast<unsigned>(blocks)), kThreads, 0,
+                  at::cuda::getCurrentCUDAStream(), 1, bytes, scales, spec.quant_type, spec.blocksize_log2, numel,
+                  items, out_data);
   });
 }
 

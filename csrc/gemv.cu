@@ -55,9 +55,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     fused_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                       QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                       const T* __restrict__ bias, T* __restrict__ out) {
+  let_next_kernel_start();
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
   __syncthreads();
+  wait_for_previous_kernels();
 
   const int lane = threadIdx.x % 32;
   const int64_t n = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -544,6 +546,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
+  let_next_kernel_start();
+  wait_for_previous_kernels();  // first: the first copies go out before the table fill
   extern __shared__ __align__(16) uint8_t tc_shared[];
   uint8_t* lut = tc_shared;
   float* code2 = reinterpret_cast<float*>(tc_shared + kCodePairTableBytes);
@@ -680,6 +684,8 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 template <typename T>
 __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
                                       int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  let_next_kernel_start();
+  wait_for_previous_kernels();
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t total = tiles * turns;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
@@ -829,6 +835,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                         const T* __restrict__ bias, T* __restrict__ out, BlockScales nested, int nested_blocks) {
+  let_next_kernel_start();
+  wait_for_previous_kernels();  // first: the first loads go out before the table fill
   using M = typename MmaOperand<T>::type;
   using ScaleSource = std::conditional_t<kNested, uint8_t, float>;  // what the loads read per block
   using ScaleWord = std::conditional_t<kNested, uint32_t, float>;   // what the ring holds per row and step
@@ -1152,9 +1160,8 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
                            const T* bias, T* out, int64_t resident_ctas, cudaStream_t stream) {
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<int64_t>((x_rows * rows + threads - 1) / threads, resident_ctas * 8));
-  add_tile_parts_kernel<T><<<blocks, threads, 0, stream>>>(partial, warps, turns, tile_rows, rows, int(x_rows), bias,
-                                                           out);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(add_tile_parts_kernel<T>, dim3(blocks), threads, 0, stream, 1, partial, warps, turns, tile_rows, rows,
+                int(x_rows), bias, out);
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
@@ -1209,10 +1216,9 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
     static std::atomic<int64_t> resident[64] = {};  // one cache per instance
     prepare_kernel(resident, kernel, kOrWarps * 32, kMostSharedBytes);
     const int shared_bytes = kCodePairTableBytes + (kNested ? (kOrCode2Floats + nested_blocks) * 4 : 0);
-    kernel<<<grid, kOrWarps * 32, shared_bytes, stream>>>(x, packed, scales.absmax, spec.quant_type,
-                                                           spec.blocksize_log2, rows, cols, static_cast<int>(x_rows),
-                                                           bias, out, scales, nested_blocks);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(kernel, dim3(grid), kOrWarps * 32, shared_bytes, stream, 1, x, packed, scales.absmax,
+                  spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows), bias, out, scales,
+                  nested_blocks);
   };
   const auto with_half_step = [&](auto row_loop, auto nested) {
     cols % kOrStep == 0 ? launch(std::false_type{}, row_loop, nested) : launch(std::true_type{}, row_loop, nested);
@@ -1262,18 +1268,9 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
         static std::atomic<int64_t> fits[64] = {};
         cluster = tc_tile_cluster(fits, kernel, tiles, turns, kNTiles, Tile::kSharedBytes, stream);
       }
-      if (cluster > 1) {
-        cudaLaunchAttribute attribute;
-        const cudaLaunchConfig_t config =
-            cluster_launch_config(grid * cluster, kTcWarps * 32, Tile::kSharedBytes, stream, cluster, attribute);
-        C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, x, packed, scales, spec.quant_type, spec.blocksize_log2,
-                                          rows, cols, int(x_rows), bias, out, partial_data));
-      } else {
-        kernel<<<static_cast<int>(grid), kTcWarps * 32, Tile::kSharedBytes, stream>>>(
-            x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out,
-            partial_data);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-      }
+      launch_kernel(kernel, dim3(static_cast<unsigned>(grid * cluster)), kTcWarps * 32, Tile::kSharedBytes, stream,
+                    cluster, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias,
+                    out, partial_data);
     };
     if constexpr (kMTiles == 1) {
       cta_per_tile ? launch(std::true_type{}) : launch(std::false_type{});
@@ -1369,16 +1366,9 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     }
     const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
     const bool vectorize = cols % kChunkElements == 0 && is_aligned_16(bytes) && is_aligned_16(x_data);
-    if (vectorize) {
-      fused_gemv_kernel<T, true><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-          x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(launch_rows), bias_data,
-          out_data);
-    } else {
-      fused_gemv_kernel<T, false><<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
-          x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(launch_rows), bias_data,
-          out_data);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(vectorize ? fused_gemv_kernel<T, true> : fused_gemv_kernel<T, false>, dim3(blocks),
+                  kWarpsPerBlock * 32, 0, stream, 1, x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows,
+                  cols, int(launch_rows), bias_data, out_data);
   });
   return out.reshape_symint(out_shape);
 }

@@ -146,7 +146,9 @@ __global__ void __launch_bounds__(kMrThreads, kMrCtasPerSm)
   // The run's places: of the next copies, of the next scale loads, and of the step being multiplied.
   UnitCursor copy_at = {begin % steps, begin / steps}, scale_at = copy_at, now_at = copy_at;
 
-  fill_code_pair_table<T>(mr_shared, quant_type);
+  let_next_kernel_start();
+  fill_code_pair_table<T>(mr_shared, quant_type);  // no global memory: before the wait
+  wait_for_previous_kernels();
   float nested_offset = 0.0f;
   if constexpr (kNested) {
     for (int i = tid; i < 256; i += kThreads) code2[i] = scales.code2[i];
@@ -365,6 +367,8 @@ template <typename T>
 __global__ void __launch_bounds__(kMrTileRows)
     add_run_parts_kernel(const float* __restrict__ partial, int units, int runs, int steps, int m_tiles, int64_t rows,
                          int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  let_next_kernel_start();
+  wait_for_previous_kernels();
   const int n_tile = blockIdx.x / m_tiles, m_tile = blockIdx.x % m_tiles, first_unit = n_tile * steps;
   const int64_t n = int64_t{n_tile} * kMrTileRows + threadIdx.x;
   const int m = m_tile * kMrXTileRows + blockIdx.y;
@@ -409,16 +413,14 @@ void launch(const T* x, const uint8_t* packed, const BlockScales& scales, const 
     partial = at::empty({2 * ctas, kMrTileOutputs}, like.options().dtype(at::kFloat));
     partial_data = partial.mutable_data_ptr<float>();
   }
-  kernel<<<static_cast<unsigned>(ctas), kMrThreads, kMrSharedBytes, stream>>>(
-      x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows),
-      static_cast<int>(m_tiles), static_cast<int>(units), bias, out, partial_data);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_kernel(kernel, dim3(static_cast<unsigned>(ctas)), kMrThreads, kMrSharedBytes, stream, 1, x, packed, scales,
+                spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows), static_cast<int>(m_tiles),
+                static_cast<int>(units), bias, out, partial_data);
   if (parts) {
     const dim3 add_grid(static_cast<unsigned>(m_tiles * n_tiles), kMrXTileRows);
-    add_run_parts_kernel<T><<<add_grid, kMrTileRows, 0, stream>>>(
-        partial_data, static_cast<int>(units), static_cast<int>(runs), static_cast<int>(steps),
-        static_cast<int>(m_tiles), rows, static_cast<int>(x_rows), bias, out);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_kernel(add_run_parts_kernel<T>, add_grid, kMrTileRows, 0, stream, 1, partial_data, static_cast<int>(units),
+                  static_cast<int>(runs), static_cast<int>(steps), static_cast<int>(m_tiles), rows,
+                  static_cast<int>(x_rows), bias, out);
   }
 }
 

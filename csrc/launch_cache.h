@@ -1,5 +1,5 @@
-// Host-side launch helpers shared by the CUDA gemv kernels (csrc/gemv.cu, csrc/gemv_many_rows.cu): values computed
-// once per device (such as a kernel's resident CTAs per SM).
+// Host-side launch helpers shared by the CUDA kernels: values computed once per device (such as a kernel's resident
+// CTAs per SM), and the one launch function they all go through.
 #pragma once
 
 #include <ATen/cuda/CUDAContext.h>
@@ -7,6 +7,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 namespace nf4 {
 
@@ -32,6 +35,46 @@ inline int prepare_kernel(std::atomic<int64_t> (&resident)[64], Kernel kernel, i
     TORCH_CHECK(ctas > 0, "nf4::gemv: a kernel does not fit on this GPU's SMs");
     return ctas;
   }));
+}
+
+// Whether kernels are launched with programmatic dependent launch (cuda_types.cuh, wait_for_previous_kernels): on
+// sm_90+, unless the environment sets NF4_OPS_PDL=0 (read once per process; for comparisons and for ruling it out).
+inline bool programmatic_launch_enabled() {
+  static const bool allowed = [] {
+    const char* setting = std::getenv("NF4_OPS_PDL");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  static std::atomic<int64_t> capable[64] = {};
+  return allowed && once_per_device(capable, [](int) -> int64_t {
+           return at::cuda::getCurrentDeviceProperties()->major >= 9 ? 2 : 1;  // positive values only
+         }) == 2;
+}
+
+// Launches `kernel` on `stream`: `cluster` CTAs per cluster when above 1 (sm_90), and with programmatic dependent
+// launch where programmatic_launch_enabled(). Every kernel launched here calls let_next_kernel_start() and
+// wait_for_previous_kernels() (cuda_types.cuh).
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, int shared_bytes, cudaStream_t stream,
+                   int cluster, Args&&... args) {
+  cudaLaunchAttribute attributes[2];
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(threads, 1, 1);
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 0;
+  if (cluster > 1) {
+    cudaLaunchAttribute& attribute = attributes[config.numAttrs++];
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+  }
+  if (programmatic_launch_enabled()) {
+    cudaLaunchAttribute& attribute = attributes[config.numAttrs++];
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+  }
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace nf4

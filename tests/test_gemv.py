@@ -476,6 +476,43 @@ def test_gemv_many_rows(shape_name, nested, dtype):
         assert torch.equal(torch.ops.nf4.gemv(x[:rows], packed, bias=row_bias, **args), out)  # the same bits every run
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("rows", [1, 8, 40], ids=lambda m: f"M{m}")  # one-row, tensor-core, many-rows kernels
+def test_back_to_back_calls_see_what_the_call_before_did(rows):
+    """On sm_90 a kernel may start while the one before it finishes (programmatic dependent launch, csrc/cuda_types.cuh)
+    and must touch no global memory until that one is done: calls issued back to back, each reading what the call
+    before wrote or overwriting what it read, give the bits of the same calls made one at a time."""
+    k = 4096
+    first_w, first_args = weight_on("cuda", (k, k), "nf4", 64, False)
+    second_w, second_args = weight_on("cuda", (k, k), "fp4", 64, True)
+    x_w, x_args = weight_on("cuda", (rows, k), "nf4", 64, False)  # dequantized over x once the first gemv read it
+    bias = random_x((k,), torch.bfloat16, "cuda", seed=3)
+    absmax = torch.rand(rows * 4 * k // 64, generator=torch.Generator().manual_seed(2)).add(0.5).cuda()
+
+    def calls(x, between):
+        """The calls, with between() after each."""
+        results = [torch.ops.nf4.gemv(x, first_w, **first_args)]  # reads x
+        between()
+        torch.ops.nf4.dequantize.out(x_w, dtype=torch.bfloat16, out=x, **x_args)  # overwrites x
+        between()
+        results.append(torch.ops.nf4.gemv(results[0], second_w, bias=bias, **second_args))  # wrote 2 launches ago
+        between()
+        # the bytes that gemv wrote, as a packed weight
+        results.append(torch.ops.nf4.dequantize(results[1].view(torch.uint8), absmax, 64, "nf4", [rows * 4, k],
+                                                torch.bfloat16))
+        between()
+        return results + [x]
+
+    x = random_x((rows, k), torch.bfloat16, "cuda")
+    one_at_a_time = calls(x.clone(), between=torch.cuda.synchronize)
+    for _ in range(5):
+        back_to_back = calls(x.clone(), between=lambda: None)
+        torch.cuda.synchronize()
+        names = ("first gemv", "second gemv", "dequantize of its bytes", "x overwritten")
+        for name, got, expected in zip(names, back_to_back, one_at_a_time):
+            assert torch.equal(got, expected), name
+
+
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_gemv_is_deterministic(device):
     # on CUDA: one CTA per tile, and tiles shared by several CTAs' warps (csrc/gemv.cu)
