@@ -58,6 +58,17 @@ __device__ __forceinline__ void let_next_kernel_start() {
 #endif
 }
 
+// Asks L2 for the 128-byte line holding `address`, loading nothing into registers or L1. Allowed before
+// wait_for_previous_kernels(): every SM's writes land in L2, so a line fetched early still takes the previous
+// kernel's writes, and the kernel reads it only after the wait. A tuning build may leave these prefetches out
+// with -DNF4_PREFETCH_BEFORE_WAIT=0.
+#ifndef NF4_PREFETCH_BEFORE_WAIT
+#define NF4_PREFETCH_BEFORE_WAIT 1
+#endif
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+
 // Whether a pointer allows 16-byte vector access.
 inline bool is_aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

@@ -57,13 +57,17 @@ __global__ void __launch_bounds__(kThreads)
   using U = Unit<T>;
   using Word = typename U::PackedWord;
   let_next_kernel_start();
+  const int lane = threadIdx.x % 32;
+  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+#if NF4_PREFETCH_BEFORE_WAIT
+  // the item's packed bytes, one lane per 128-byte line, asked of L2 while the previous kernel finishes
+  if (item < items && lane * U::kLaneBytes % 128 == 0) prefetch_l2(packed + item * U::kItemBytes + lane * U::kLaneBytes);
+#endif
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
   __syncthreads();
   wait_for_previous_kernels();
 
-  const int lane = threadIdx.x % 32;
-  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (item < items) {
     Word words[kWordsPerLane];
     load_lane_words(packed + item * U::kItemBytes + lane * U::kLaneBytes, words);

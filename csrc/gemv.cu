@@ -547,7 +547,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
   let_next_kernel_start();
-  wait_for_previous_kernels();  // first: the first copies go out before the table fill
   extern __shared__ __align__(16) uint8_t tc_shared[];
   uint8_t* lut = tc_shared;
   float* code2 = reinterpret_cast<float*>(tc_shared + kCodePairTableBytes);
@@ -569,6 +568,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   // The first stages' copies go out before the table fill, so they are in flight while it runs.
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const int first_s = static_cast<int>(mine.first - first_tile * turns);
+#if NF4_PREFETCH_BEFORE_WAIT
+  // While the previous kernel finishes, L2 is asked for the warp's first turn: lane r the 128 bytes of tile row r.
+  if (count > 0 && lane < Tile::kRows && first_tile * Tile::kRows + lane < rows) {
+    prefetch_l2(packed + (first_tile * Tile::kRows + lane) * (cols / 2) + int64_t{first_s} * kTcRowTurnBytes);
+  }
+#endif
+  wait_for_previous_kernels();  // before the first copies, which go out before the table fill
   int64_t staged_tile = first_tile;  // where the next staged turn is (16-row tiles only, see below)
   int staged_s = first_s;
   StageSource source = stage_source<Tile::kRows>(packed, first_tile, first_s, lane, rows, cols);
@@ -836,7 +842,6 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                         const T* __restrict__ bias, T* __restrict__ out, BlockScales nested, int nested_blocks) {
   let_next_kernel_start();
-  wait_for_previous_kernels();  // first: the first loads go out before the table fill
   using M = typename MmaOperand<T>::type;
   using ScaleSource = std::conditional_t<kNested, uint8_t, float>;  // what the loads read per block
   using ScaleWord = std::conditional_t<kNested, uint32_t, float>;   // what the ring holds per row and step
@@ -889,6 +894,20 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   // first block sits in its nested block.
   const float* nested_code2 = reinterpret_cast<const float*>(or_lut + kCodePairTableBytes);
   const float* nested_absmax2 = nested_code2 + kOrCode2Floats;
+#if NF4_PREFETCH_BEFORE_WAIT
+  // While the previous kernel finishes, L2 is asked for what the warp's first loads read: the first kOrRing steps
+  // (1 KB) of its first tile's first 4 rows, lane l line l % 8 of row l / 8, and lanes below kOrRows their row's scales.
+  if (count > 0) {
+    const int row = first_tile * kOrRows + lane / 8;
+    const int64_t line = int64_t{first_s} * kOrStepBytes + 128 * (lane % 8);
+    if (lane / 8 < kOrRows && row < cta_row_count && line < row_bytes) prefetch_l2(packed + row * row_bytes + line);
+    const int scale_row = first_tile * kOrRows + lane;
+    if (lane < kOrRows && scale_row < cta_row_count) {
+      prefetch_l2(scale_source + scale_row * row_scales + ((int64_t{first_s} * kOrStep) >> blocksize_log2));
+    }
+  }
+#endif
+  wait_for_previous_kernels();  // before the first loads, which go out before the table fill
   float nested_offset = 0.0f;
   int nested_phase = 0;
   const int row_scales_int = static_cast<int>(row_scales);
