@@ -565,7 +565,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const int64_t count = mine.end - mine.first;  // this warp's turns
   const int64_t first_tile = mine.first / turns;
 
-  // The first stages' copies go out before the table fill, so they are in flight while it runs.
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const int first_s = static_cast<int>(mine.first - first_tile * turns);
 #if NF4_PREFETCH_BEFORE_WAIT
@@ -574,7 +573,10 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     prefetch_l2(packed + (first_tile * Tile::kRows + lane) * (cols / 2) + int64_t{first_s} * kTcRowTurnBytes);
   }
 #endif
-  wait_for_previous_kernels();  // before the first copies, which go out before the table fill
+  // The table needs no global memory: filled while the previous kernel finishes (in flight with the prefetches
+  // otherwise); the barrier after the first copies below publishes it.
+  fill_code_pair_table<T>(lut, quant_type);
+  wait_for_previous_kernels();
   int64_t staged_tile = first_tile;  // where the next staged turn is (16-row tiles only, see below)
   int staged_s = first_s;
   StageSource source = stage_source<Tile::kRows>(packed, first_tile, first_s, lane, rows, cols);
@@ -598,7 +600,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
     copy_async_commit();
   }
 
-  fill_code_pair_table<T>(lut, quant_type);
   if constexpr (kNested) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) code2[i] = scales.code2[i];
   }
@@ -907,7 +908,10 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     }
   }
 #endif
-  wait_for_previous_kernels();  // before the first loads, which go out before the table fill
+  // The table needs no global memory: filled while the previous kernel finishes (in flight with the prefetches
+  // otherwise); the barrier after the first loads below publishes it.
+  fill_code_pair_table<T>(or_lut, quant_type);
+  wait_for_previous_kernels();
   float nested_offset = 0.0f;
   int nested_phase = 0;
   const int row_scales_int = static_cast<int>(row_scales);
@@ -958,15 +962,14 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     };
     seek();
     // The ring of steps in flight, slot d holding steps d, d + kOrRing, ... (indexed by unrolled loops only,
-    // so it stays in registers). The first loads go out before the table fill.
+    // so it stays in registers).
     uint2 ring_weights[kOrRing][kOrRows];
     ScaleWord ring_scales[kOrRing][kOrRows];
 #pragma unroll
     for (int d = 0; d < kOrRing; ++d) {
       if (d < count) load_step(ring_weights[d], ring_scales[d]);
     }
-    if (x_row == 0) {
-      fill_code_pair_table<T>(or_lut, quant_type);
+    if (x_row == 0) {  // the code pair table was filled before the wait
       if constexpr (kNested) {  // the code map, and the nested absmax values of the CTA's range (0 past W's)
         float* code2 = reinterpret_cast<float*>(or_lut + kCodePairTableBytes);
         for (int i = threadIdx.x; i < kOrCode2Floats; i += blockDim.x) code2[i] = nested.code2[i];
