@@ -1126,21 +1126,6 @@ int prepare_tc_kernel() {
                         TileShape<kMTiles>::kSharedBytes);
 }
 
-// A launch of `grid` CTAs in clusters of `cluster` (sm_90); `attribute` is the storage the config points at.
-cudaLaunchConfig_t cluster_launch_config(int64_t grid, int threads, int shared_bytes, cudaStream_t stream,
-                                         int cluster, cudaLaunchAttribute& attribute) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
-  config.blockDim = dim3(threads, 1, 1);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  return config;
-}
-
 // The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
 // (two n-tiles) where a tile has more turns than one CTA has warps (a second CTA then halves the busiest warps'
 // turns) and a cluster for every tile fits on the GPU at once (Llama's and Qwen's k/v, 64 tiles, would
@@ -1154,11 +1139,9 @@ int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t til
                     int shared_bytes, cudaStream_t stream) {
   if (at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= kTcWarps) return 1;
   const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
-    cudaLaunchAttribute attribute;
-    const cudaLaunchConfig_t config =
-        cluster_launch_config(kTcTileCluster, kTcWarps * 32, shared_bytes, stream, kTcTileCluster, attribute);
+    const LaunchConfig launch(dim3(kTcTileCluster), kTcWarps * 32, shared_bytes, stream, kTcTileCluster, false);
     int count = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &config));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config));
     return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
   }) - 1;
   return tiles <= clusters ? kTcTileCluster : 1;

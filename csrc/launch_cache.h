@@ -50,31 +50,42 @@ inline bool programmatic_launch_enabled() {
          }) == 2;
 }
 
-// Launches `kernel` on `stream`: `cluster` CTAs per cluster when above 1 (sm_90), and with programmatic dependent
-// launch where programmatic_launch_enabled(). Every kernel launched here calls let_next_kernel_start() and
+// A launch's configuration: `cluster` CTAs per cluster when above 1 (sm_90), and programmatic dependent launch
+// where `programmatic` and programmatic_launch_enabled(). `config` points into the object, which therefore is built
+// where it is used and never copied.
+struct LaunchConfig {
+  cudaLaunchAttribute attributes[2];
+  cudaLaunchConfig_t config = {};
+  LaunchConfig(dim3 grid, int threads, int shared_bytes, cudaStream_t stream, int cluster, bool programmatic) {
+    config.gridDim = grid;
+    config.blockDim = dim3(threads, 1, 1);
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    config.attrs = attributes;
+    config.numAttrs = 0;
+    if (cluster > 1) {
+      cudaLaunchAttribute& attribute = attributes[config.numAttrs++];
+      attribute.id = cudaLaunchAttributeClusterDimension;
+      attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
+    }
+    if (programmatic && programmatic_launch_enabled()) {
+      cudaLaunchAttribute& attribute = attributes[config.numAttrs++];
+      attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attribute.val.programmaticStreamSerializationAllowed = 1;
+    }
+  }
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
+
+// Launches `kernel` on `stream`, in clusters of `cluster` CTAs when above 1, with programmatic dependent launch where
+// programmatic_launch_enabled(). Every kernel launched here calls let_next_kernel_start() and
 // wait_for_previous_kernels() (cuda_types.cuh).
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, int shared_bytes, cudaStream_t stream,
                    int cluster, Args&&... args) {
-  cudaLaunchAttribute attributes[2];
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(threads, 1, 1);
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = 0;
-  if (cluster > 1) {
-    cudaLaunchAttribute& attribute = attributes[config.numAttrs++];
-    attribute.id = cudaLaunchAttributeClusterDimension;
-    attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
-  }
-  if (programmatic_launch_enabled()) {
-    cudaLaunchAttribute& attribute = attributes[config.numAttrs++];
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-  }
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+  const LaunchConfig launch(grid, threads, shared_bytes, stream, cluster, true);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace nf4
