@@ -37,22 +37,26 @@ inline int prepare_kernel(std::atomic<int64_t> (&resident)[64], Kernel kernel, i
   }));
 }
 
-// Whether kernels are launched with programmatic dependent launch (cuda_types.cuh, wait_for_previous_kernels): on
-// sm_90+, unless the environment sets NF4_OPS_PDL=0 (read once per process; for comparisons and for ruling it out).
-inline bool programmatic_launch_enabled() {
+// Whether `kernel` is launched with programmatic dependent launch (cuda_types.cuh, wait_for_previous_kernels): where
+// its code was compiled for sm_90+ (PTX version 9.0+, so that its waits are in it: code JIT-compiled on an H100
+// from sm_80 PTX has none), unless the environment sets NF4_OPS_PDL=0 (read once per process; for comparisons and
+// for ruling it out). Asked once per device and kernel signature: every kernel of the build has the same targets.
+template <typename Kernel>
+bool programmatic_launch_enabled(Kernel kernel) {
   static const bool allowed = [] {
     const char* setting = std::getenv("NF4_OPS_PDL");
     return setting == nullptr || std::strcmp(setting, "0") != 0;
   }();
-  static std::atomic<int64_t> capable[64] = {};
-  return allowed && once_per_device(capable, [](int) -> int64_t {
-           return at::cuda::getCurrentDeviceProperties()->major >= 9 ? 2 : 1;  // positive values only
+  static std::atomic<int64_t> compiled_for_it[64] = {};
+  return allowed && once_per_device(compiled_for_it, [&](int) -> int64_t {
+           cudaFuncAttributes attributes;
+           C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)));
+           return attributes.ptxVersion >= 90 ? 2 : 1;  // positive values only
          }) == 2;
 }
 
 // A launch's configuration: `cluster` CTAs per cluster when above 1 (sm_90), and programmatic dependent launch
-// where `programmatic` and programmatic_launch_enabled(). `config` points into the object, which therefore is built
-// where it is used and never copied.
+// where `programmatic`. `config` points into the object, which therefore is built where it is used, never copied.
 struct LaunchConfig {
   cudaLaunchAttribute attributes[2];
   cudaLaunchConfig_t config = {};
@@ -68,7 +72,7 @@ struct LaunchConfig {
       attribute.id = cudaLaunchAttributeClusterDimension;
       attribute.val.clusterDim.x = cluster, attribute.val.clusterDim.y = 1, attribute.val.clusterDim.z = 1;
     }
-    if (programmatic && programmatic_launch_enabled()) {
+    if (programmatic) {
       cudaLaunchAttribute& attribute = attributes[config.numAttrs++];
       attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
       attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -84,7 +88,7 @@ struct LaunchConfig {
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, int threads, int shared_bytes, cudaStream_t stream,
                    int cluster, Args&&... args) {
-  const LaunchConfig launch(grid, threads, shared_bytes, stream, cluster, true);
+  const LaunchConfig launch(grid, threads, shared_bytes, stream, cluster, programmatic_launch_enabled(kernel));
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
 }
 

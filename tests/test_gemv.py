@@ -477,11 +477,13 @@ def test_gemv_many_rows(shape_name, nested, dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize("rows", [1, 8, 40], ids=lambda m: f"M{m}")  # one-row, tensor-core, many-rows kernels
+@pytest.mark.parametrize("rows", [1, 8, 24], ids=lambda m: f"M{m}")  # one-row, tensor-core, many-rows kernels
 def test_back_to_back_calls_see_what_the_call_before_did(rows):
     """On sm_90 a kernel may start while the one before it finishes (programmatic dependent launch, csrc/cuda_types.cuh)
-    and must touch no global memory until that one is done: calls issued back to back, each reading what the call
-    before wrote or overwriting what it read, give the bits of the same calls made one at a time."""
+    and must touch no global memory until that one is done: calls queued back to back, each reading what the call
+    before wrote or overwriting what it read, give the bits of the same calls made one at a time, and those are
+    right. (The 4096 x 4096 weights are 8 MiB: 8 rows take the tensor-core kernel and its adding kernel, 24 the
+    many-rows kernel and its adding kernel, on an H100 and an H200 alike.)"""
     k = 4096
     first_w, first_args = weight_on("cuda", (k, k), "nf4", 64, False)
     second_w, second_args = weight_on("cuda", (k, k), "fp4", 64, True)
@@ -490,12 +492,12 @@ def test_back_to_back_calls_see_what_the_call_before_did(rows):
     absmax = torch.rand(rows * 4 * k // 64, generator=torch.Generator().manual_seed(2)).add(0.5).cuda()
 
     def calls(x, between):
-        """The calls, with between() after each."""
+        """The calls, with between() after each; returns their results and x as the calls left it."""
         results = [torch.ops.nf4.gemv(x, first_w, **first_args)]  # reads x
         between()
         torch.ops.nf4.dequantize.out(x_w, dtype=torch.bfloat16, out=x, **x_args)  # overwrites x
         between()
-        results.append(torch.ops.nf4.gemv(results[0], second_w, bias=bias, **second_args))  # wrote 2 launches ago
+        results.append(torch.ops.nf4.gemv(results[0], second_w, bias=bias, **second_args))  # the first call's output
         between()
         # the bytes that gemv wrote, as a packed weight
         results.append(torch.ops.nf4.dequantize(results[1].view(torch.uint8), absmax, 64, "nf4", [rows * 4, k],
@@ -505,8 +507,22 @@ def test_back_to_back_calls_see_what_the_call_before_did(rows):
 
     x = random_x((rows, k), torch.bfloat16, "cuda")
     one_at_a_time = calls(x.clone(), between=torch.cuda.synchronize)
+    # right, not only repeatable (a missing wait inside one call, before an adding kernel, would be in both runs)
+    assert_gemv_close(one_at_a_time[0], x, first_w, first_args)
+    assert_gemv_close(one_at_a_time[1], one_at_a_time[0], second_w, second_args, bias)
+    x_args_cpu = {name: v.cpu() if torch.is_tensor(v) else v for name, v in x_args.items()}
+    expected_x = torch.ops.nf4.dequantize(x_w.cpu(), dtype=torch.bfloat16, **x_args_cpu)
+    assert torch.equal(one_at_a_time[3].cpu(), expected_x)
+    expected_bytes = torch.ops.nf4.dequantize(one_at_a_time[1].view(torch.uint8).cpu(), absmax.cpu(), 64, "nf4",
+                                              [rows * 4, k], torch.bfloat16)
+    assert torch.equal(one_at_a_time[2].cpu(), expected_bytes)
     for _ in range(5):
-        back_to_back = calls(x.clone(), between=lambda: None)
+        x_again = x.clone()
+        torch.cuda.synchronize()
+        # the GPU busy for ~10 ms, so that the calls below are all queued behind it and follow each other at once
+        # (issued from Python one by one, kernels this small would otherwise find an idle GPU each time)
+        torch.cuda._sleep(20_000_000)
+        back_to_back = calls(x_again, between=lambda: None)
         torch.cuda.synchronize()
         names = ("first gemv", "second gemv", "dequantize of its bytes", "x overwritten")
         for name, got, expected in zip(names, back_to_back, one_at_a_time):

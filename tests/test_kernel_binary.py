@@ -1,0 +1,64 @@
+"""The built CUDA kernels keep the programmatic-launch rule (csrc/cuda_types.cuh): in the sm_90 code of every kernel,
+no instruction that touches global memory comes before the wait for the previous kernel (griddepcontrol.wait,
+ACQBULK in SASS), and every kernel waits and lets the next kernel launch (launch_dependents, PREEXIT). A static
+check of the machine code, which runs wherever the extension was built with sm_90 code and cuobjdump is at hand (the
+CPU-only CI machine too: it builds the CUDA kernels); the compiler, not the source, decides where loads land."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import nf4_ops._C as extension
+
+# SASS opcodes (before the first '.') that read or write global memory, or may (generic LD / ST, atomics, TMA).
+GLOBAL_MEMORY_OPCODES = {"LDG", "STG", "LDGSTS", "ATOMG", "ATOM", "RED", "REDG", "LD", "ST", "UBLKCP", "UTMALDG",
+                         "UTMASTG", "UBLKRED", "UTMAPF"}
+WAIT, LET_NEXT_START = "ACQBULK", "PREEXIT"
+
+
+def cuobjdump() -> str | None:
+    candidates = [shutil.which("cuobjdump"), os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")]
+    try:  # triton ships one
+        import triton
+
+        candidates.append(str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"))
+    except ImportError:
+        pass
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+def sm90_kernels(sass: str) -> dict[str, list[str]]:
+    """Each sm_90 function's opcodes in the order of its code."""
+    kernels: dict[str, list[str]] = {}
+    arch, name = None, None
+    for line in sass.splitlines():
+        if m := re.match(r"\s*arch = (sm_\d+)", line):
+            arch, name = m.group(1), None
+        elif m := re.match(r"\s*Function : (\S+)", line):
+            name = m.group(1) if arch == "sm_90" else None
+            if name:
+                kernels[name] = []
+        elif name and (m := re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", line)):
+            kernels[name].append(m.group(1))
+    return kernels
+
+
+def test_every_kernel_waits_before_touching_global_memory():
+    tool = cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump")
+    result = subprocess.run([tool, "-sass", extension.__file__], capture_output=True, text=True)
+    kernels = sm90_kernels(result.stdout)
+    if not kernels:
+        pytest.skip("the extension has no sm_90 code (a CPU-only build, or other targets)")
+    assert len(kernels) >= 8, sorted(kernels)  # at least one instance of each of the 8 kernels
+    for name, opcodes in kernels.items():
+        assert WAIT in opcodes and LET_NEXT_START in opcodes, f"{name}: no griddepcontrol wait / launch_dependents"
+        before = [op for op in opcodes[: opcodes.index(WAIT)] if op in GLOBAL_MEMORY_OPCODES]
+        assert not before, f"{name}: {before} before the wait for the previous kernel"
