@@ -3,11 +3,12 @@ process, on the linear-layer shapes of Gemma-27B, Qwen3-32B and Llama-3.3-70B.
 
 Method (../shared/docs/performance.md): random weights quantized by bitsandbytes; each timed call runs
 inside a CUDA graph that cycles through enough weight copies that the working set exceeds L2; CUDA events
-around graph replays; the median of the replays. Ceilings: a 1 GiB device-to-device copy (bytes read +
+around graph replays; the median of the replays, and of that over --rounds passes over every layer (so a
+passing slowdown of the GPU, such as one that once put a layer 14% slow in one pass, moves no figure). Ceilings: a 1 GiB device-to-device copy (bytes read +
 written, outside a graph) for dequantize, and the best of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV
 on 28672x8192 for gemv.
 
-    python benchmarks/bench_kernels.py [--quick] [--out DIR]
+    python benchmarks/bench_kernels.py [--quick] [--rounds R] [--out DIR]
 
 Prints a table last and writes DIR/kernels.json and DIR/kernels.png.
 """
@@ -91,6 +92,11 @@ def graph_median_us(fn, inputs: list) -> float:
         times.append(start.elapsed_time(end) * 1e3 / len(inputs))
     del graph
     return statistics.median(times)
+
+
+def median_of_rounds(rounds: list[dict[str, float]]) -> dict[str, float]:
+    """Each key's median over the rounds' figures."""
+    return {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
 
 
 def event_median_us(fn, repeats: int = 20) -> float:
@@ -306,6 +312,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16], help="rows of x for gemv")
     parser.add_argument("--no-crossover", action="store_true", help="skip the rows-of-x sweep")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="passes over the layers (and ceilings); the tables take each figure's median over them")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU; none is visible", file=sys.stderr)
@@ -321,24 +329,33 @@ def main() -> int:
         "driver": _driver_version(),
         "command": " ".join(sys.argv),
     }
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     print(f"== {env}", flush=True)
-    ceilings = measure_ceilings()
-    print(f"== ceilings (GB/s): {ceilings}", flush=True)
     warm_up(layers[0])
-    rows = []
-    for i, layer in enumerate(layers):
-        start = time.time()
-        rows.append(bench_layer(layer, args.rows, bnb))
-        print(f"[{i + 1}/{len(layers)}] {layer.model} {layer.name} {layer.n}x{layer.k}: {time.time() - start:.1f}s",
-              flush=True)
+    ceiling_rounds, row_rounds = [], []
+    for round_index in range(args.rounds):
+        ceiling_rounds.append(measure_ceilings())
+        print(f"== round {round_index + 1}/{args.rounds}, ceilings (GB/s): {ceiling_rounds[-1]}", flush=True)
+        row_rounds.append([])
+        for i, layer in enumerate(layers):
+            start = time.time()
+            row_rounds[-1].append(bench_layer(layer, args.rows, bnb))
+            print(f"[{i + 1}/{len(layers)}] {layer.model} {layer.name} {layer.n}x{layer.k}: "
+                  f"{time.time() - start:.1f}s", flush=True)
+    ceilings = median_of_rounds(ceiling_rounds)
+    rows = [Row(passes[0].layer, median_of_rounds([r.times_us for r in passes])) for passes in zip(*row_rounds)]
     curves = []
     for layer in [] if args.no_crossover else CROSSOVER_LAYERS:
         start = time.time()
         curves.append({"layer": asdict(layer), "points": bench_crossover(layer, CROSSOVER_ROWS, bnb)})
         print(f"[crossover] {layer.model} {layer.name}: {time.time() - start:.1f}s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"env": env, "ceilings_GBps": ceilings, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
-               "rows": [{"layer": asdict(r.layer), "times_us": r.times_us} for r in rows],
+    results = {"env": env, "rounds": args.rounds, "ceilings_GBps": ceilings,
+               "ceilings_GBps_rounds": ceiling_rounds, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
+               "rows": [{"layer": asdict(r.layer), "times_us": r.times_us,
+                         "times_us_rounds": [p.times_us for p in passes]}
+                        for r, passes in zip(rows, zip(*row_rounds))],
                "crossover": curves}  # fmt: skip
     (args.out / "kernels.json").write_text(json.dumps(results, indent=1))
     plot(rows, ceilings, args.out / "kernels.png")

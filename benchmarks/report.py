@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -123,8 +124,21 @@ def header_line(results: dict) -> str:
         f"{env['gpu']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), bitsandbytes "
         f"{env['bitsandbytes']}; {results['quant_type'].upper()}, blocksize {results['blocksize']}, bf16. "
         f"Ceilings measured in the same run: copy {ceilings['copy_GBps']:.0f} GB/s (read + write), "
-        f"read {read_ceiling(ceilings):.0f} GB/s. Times are medians in µs; speedups above 1 mean nf4-ops is faster."
+        f"read {read_ceiling(ceilings):.0f} GB/s. Times are medians in µs{rounds_note(results)}; speedups above 1 "
+        f"mean nf4-ops is faster."
     )
+
+
+def rounds_note(results: dict) -> str:
+    """How the table's figures came from several passes, and how far the passes were apart (runs before
+    --rounds existed have one pass)."""
+    rows = results["rows"]
+    if results.get("rounds", 1) < 2 or "times_us_rounds" not in rows[0]:
+        return ""
+    spreads = [max(p[key] for p in r["times_us_rounds"]) / min(p[key] for p in r["times_us_rounds"]) - 1
+               for r in rows for key in r["times_us"] if key.startswith("nf4ops")]  # fmt: skip
+    return (f" (each the median of {results['rounds']} passes over the layers, ceilings too; an nf4-ops figure's "
+            f"passes were at most {100 * max(spreads):.0f}% apart, in half of them {100 * statistics.median(spreads):.1f}%)")
 
 
 def readme_section(results: dict, json_path: str) -> str:
