@@ -69,6 +69,12 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
+// The thread's warp in its CTA, as one value per warp that the compiler can see is one: taken from lane 0 by a
+// shuffle, it lives in a uniform register, and so do the loop bounds and counters derived from it, which frees
+// vector registers and lets the compiler treat the warp's loops as convergent (no divergent-path copies of their
+// shuffles). threadIdx.x / 32 is the same number, but the compiler does not know that it is one per warp.
+__device__ __forceinline__ int warp_in_cta() { return __shfl_sync(0xFFFFFFFFu, static_cast<int>(threadIdx.x / 32), 0); }
+
 // Whether a pointer allows 16-byte vector access.
 inline bool is_aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

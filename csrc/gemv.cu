@@ -560,7 +560,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, 1)
   const TurnBlocks blocks = turn_blocks(blocksize_log2);
   const int turns = static_cast<int>(cols / kTcTurn);  // per tile
   const int64_t tiles = (rows + Tile::kRows - 1) / Tile::kRows;
-  const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + threadIdx.x / 32;
+  // One CTA per tile: the warp index as a uniform value (16 rows 5-6% faster on the k/v layers); the stream-K
+  // instances keep threadIdx.x / 32, with which their loops spill less (2.5-6.6% faster; NOTES gemv row 70).
+  const int64_t warp_id = int64_t{blockIdx.x} * kTcWarps + (kCtaPerTile ? warp_in_cta() : int(threadIdx.x / 32));
   const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kTcWarps, tiles * turns);
   const int64_t count = mine.end - mine.first;  // this warp's turns
   const int64_t first_tile = mine.first / turns;
@@ -871,7 +873,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   out += cta.first;
   if (bias != nullptr) bias += cta.first;
   const int64_t total = int64_t{(cta_row_count + kOrRows - 1) / kOrRows} * steps;  // the CTA's (tile, step)s
-  const int warp = threadIdx.x / 32;
+  const int warp = warp_in_cta();
   const WarpTurns mine = warp_turns(warp, kOrWarps, total);
   const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
   const int first_tile = static_cast<int>(mine.first / steps);  // the tile and step the warp's run begins at
