@@ -4,7 +4,7 @@ process, on the linear-layer shapes of Gemma-27B, Qwen3-32B and Llama-3.3-70B.
 Method (../shared/docs/performance.md): random weights quantized by bitsandbytes; each timed call runs
 inside a CUDA graph that cycles through enough weight copies that the working set exceeds L2; CUDA events
 around graph replays; the median of the replays, and of that over --rounds passes over every layer (so a
-passing slowdown of the GPU, such as one that once put a layer 14% slow in one pass, moves no figure). Ceilings: a 1 GiB device-to-device copy (bytes read +
+passing slowdown of the GPU, such as one that once put a layer 13% slow in one pass, moves no figure). Ceilings: a 1 GiB device-to-device copy (bytes read +
 written, outside a graph) for dequantize, and the best of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV
 on 28672x8192 for gemv.
 
@@ -133,7 +133,8 @@ def measure_ceilings() -> dict[str, float]:
 
 def warm_up(layer: Layer) -> None:
     """One untimed dequantize timing before the table's: the first timing of a process read ~12% slow
-    (Gemma q, H100: 26.1 us, then 23.1 on the same inputs; benchmarks/NOTES.md, dequantize row 5)."""
+    (Gemma q, H100: 26.1 us, then 23.1 on the same inputs; benchmarks/NOTES.md, dequantize row 5), and so did
+    the first after the ceilings' 1 GiB buffers (25.4 us in each of three rounds, Gemma o 22.3)."""
     import bitsandbytes.functional as bnbf
 
     weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
@@ -332,11 +333,11 @@ def main() -> int:
     if args.rounds < 1:
         parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     print(f"== {env}", flush=True)
-    warm_up(layers[0])
     ceiling_rounds, row_rounds = [], []
     for round_index in range(args.rounds):
         ceiling_rounds.append(measure_ceilings())
         print(f"== round {round_index + 1}/{args.rounds}, ceilings (GB/s): {ceiling_rounds[-1]}", flush=True)
+        warm_up(layers[0])  # after the ceilings: the first timing after them read slow in every round (Gemma q)
         row_rounds.append([])
         for i, layer in enumerate(layers):
             start = time.time()
