@@ -4,9 +4,9 @@ process, on the linear-layer shapes of Gemma-27B, Qwen3-32B and Llama-3.3-70B.
 Method (../shared/docs/performance.md): random weights quantized by bitsandbytes; each timed call runs
 inside a CUDA graph that cycles through enough weight copies that the working set exceeds L2; CUDA events
 around graph replays; the median of the replays, and of that over --rounds passes over every layer (so a
-passing slowdown of the GPU, such as one that once put a layer 13% slow in one pass, moves no figure). Ceilings: a 1 GiB device-to-device copy (bytes read +
-written, outside a graph) for dequantize, and the best of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV
-on 28672x8192 for gemv.
+passing slowdown of the GPU, such as one that once put a layer 13% slow in one pass, moves no figure).
+Ceilings: a 1 GiB device-to-device copy (bytes read + written, outside a graph) for dequantize, and the best
+of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV on 28672x8192 for gemv.
 
     python benchmarks/bench_kernels.py [--quick] [--rounds R] [--out DIR]
 
@@ -316,6 +316,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="passes over the layers (and ceilings); the tables take each figure's median over them")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -330,8 +332,6 @@ def main() -> int:
         "driver": _driver_version(),
         "command": " ".join(sys.argv),
     }
-    if args.rounds < 1:
-        parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     print(f"== {env}", flush=True)
     ceiling_rounds, row_rounds = [], []
     for round_index in range(args.rounds):
