@@ -918,6 +918,15 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   float nested_offset = 0.0f;
   int nested_phase = 0;
   const int row_scales_int = static_cast<int>(row_scales);
+  if constexpr (!kNested) {
+    // ptxas keeps the global memory descriptor (every load's desc[UR] operand) in uniform registers when the
+    // kernel's first global load is unconditional, as the nested instances' offset load is; when the first loads
+    // are the ring's, inside branches, it holds it in two vector registers and converts it (R2UR) before every
+    // load, ~10 instructions per step. This load of x's first word (always there; a volatile load, so that it
+    // stays although nothing reads it) gives the plain instances the same (NOTES gemv rows 71-72).
+    uint32_t unused;
+    asm volatile("ld.volatile.global.b32 %0, [%1];" : "=r"(unused) : "l"(x));
+  }
   if constexpr (kNested) {
     nested_offset = *nested.offset;
     nested_phase = static_cast<int>(cta.first * row_scales & ((int64_t{1} << nested.nested_blocksize_log2) - 1));
