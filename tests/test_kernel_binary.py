@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,20 @@ def test_every_kernel_waits_before_touching_global_memory():
         assert WAIT in opcodes and LET_NEXT_START in opcodes, f"{name}: no griddepcontrol wait / launch_dependents"
         before = [op for op in opcodes[: opcodes.index(WAIT)] if op in GLOBAL_MEMORY_OPCODES]
         assert not before, f"{name}: {before} before the wait for the previous kernel"
+
+
+def test_sass_report_names_kernel_instances():
+    """benchmarks/sass_report.py (the GPU suite's SASS table) names each instance by its kernel and template
+    arguments, which its line on the one-row kernel's memory descriptor is read by."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from sass_report import readable
+
+    prefix = "_ZN3nf439_GLOBAL__N__33047b72_7_gemv_cu_b4fe88c4"
+    assert readable(prefix + "19one_row_gemv_kernelI13__nv_bfloat16Lb0ELb0ELb1EEEvPKT_PKhPKfNS_9QuantTypeEilliS5_PS3_"
+                    "NS_11BlockScalesEi") == ("one_row_gemv_kernel", "bf16,0,0,1")
+    assert readable(prefix + "19one_row_gemv_kernelIfLb1ELb1ELb0EEEvPKT_PKhPKfNS_9QuantTypeEilliS4_PS2_NS_11BlockScal"
+                    "esEi") == ("one_row_gemv_kernel", "fp32,1,1,0")
+    assert readable(prefix + "14tc_gemv_kernelI6__halfLi1ELi2ELb0ELb1EEEvPKT_PKhNS_11BlockScalesENS_9QuantTypeEilliS"
+                    "5_PS3_Pf") == ("tc_gemv_kernel", "fp16,1,2,0,1")
+    assert readable("not_a_mangled_name") == ("not_a_mangled_name", "")
+
