@@ -9,8 +9,9 @@ Columns: R2UR, conversions into uniform registers; LDL / STL, local-memory (spil
 LDG, HMMA, the shuffles, shared and global loads and mmas. One thing it watches: in the one-row kernel's
 plain-absmax instances ptxas may hold the global memory descriptor (every load's desc[UR] operand) in vector
 registers and convert it before every load, ~190 R2UR where there are otherwise 0-4, which cost 1-2% at one row
-(NOTES gemv rows 71-73). The load after the wait that keeps it uniform works by the compiler's choice, which moves
-with the code around it, so the report says when the conversions are back. A report, not a test: it exits 0.
+(NOTES gemv rows 71-74). The load after the wait that keeps it uniform steers the compiler's choice but no rule
+fixes it (in the many-rows kernel an unconditional first load alone does not), so the report says when the
+conversions are back. A report, not a test: it exits 0.
 """
 
 from __future__ import annotations

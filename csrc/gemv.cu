@@ -919,11 +919,13 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   int nested_phase = 0;
   const int row_scales_int = static_cast<int>(row_scales);
   if constexpr (!kNested) {
-    // ptxas keeps the global memory descriptor (every load's desc[UR] operand) in uniform registers when the
-    // kernel's first global load is unconditional, as the nested instances' offset load is; when the first loads
-    // are the ring's, inside branches, it holds it in two vector registers and converts it (R2UR) before every
-    // load, ~10 instructions per step. This load of x's first word (always there; a volatile load, so that it
-    // stays although nothing reads it) gives the plain instances the same (NOTES gemv rows 71-72).
+    // Without it ptxas holds the global memory descriptor (every load's desc[UR] operand) in two vector
+    // registers and converts it (R2UR) before every load, ~10 instructions per step; the nested instances, whose
+    // first global load (the offset's) is unconditional, keep it in uniform registers. This load of x's first word
+    // (always there; a volatile load, so that it stays although nothing reads it) gives the plain instances the
+    // same (NOTES gemv rows 71-72). It is ptxas' choice, not a rule: benchmarks/sass_report.py says when the
+    // conversions come back (an unconditional first load alone does not keep them away in the many-rows kernel,
+    // row 74).
     uint32_t unused;
     asm volatile("ld.volatile.global.b32 %0, [%1];" : "=r"(unused) : "l"(x));
   }

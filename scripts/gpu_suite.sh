@@ -36,7 +36,7 @@ ARCH=$("$PY" -c "import torch; print('.'.join(map(str, torch.cuda.get_device_cap
 
 if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.py build_ext --inplace; then
   cuobjdump --dump-resource-usage nf4_ops/_C*.so >"$OUT/resources.log" 2>&1  # registers, stack, spills
-  step sass "$PY" benchmarks/sass_report.py  # the gemv kernels' SASS by opcode; last line: NOTES gemv rows 71-73
+  step sass "$PY" benchmarks/sass_report.py  # the gemv kernels' SASS by opcode; last line: NOTES gemv rows 71-74
   step pytest "$PY" -m pytest tests -q -p no:cacheprovider
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
