@@ -35,6 +35,10 @@ BLOCKSIZE = 64
 QUANT_TYPE = "nf4"
 ROTATE_BYTES = 3 * 60 * 2**20  # three times the largest L2 here (H200: 60 MB)
 REPLAYS = 25
+# The fewest calls a timed graph holds (cycling through the input sets): 1 keeps one call per input set, so a
+# large layer's graph holds 2 calls and a small one's up to 16, and each replay's launch and first call's start
+# weigh more on the large layers (NOTES gemv row 78). Set by --min-calls.
+min_graph_calls = 1
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,9 @@ class Row:
 
 
 def graph_median_us(fn, inputs: list) -> float:
-    """Median time of one fn(*inputs[i]) call: a CUDA graph calls fn on every input set in turn."""
+    """Median time of one fn(*inputs[i]) call: a CUDA graph calls fn on every input set in turn, cycling through
+    them until it holds min_graph_calls calls."""
+    calls = [inputs[i % len(inputs)] for i in range(max(len(inputs), min_graph_calls))]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -78,7 +84,7 @@ def graph_median_us(fn, inputs: list) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for args in inputs:
+        for args in calls:
             fn(*args)
     graph.replay()
     torch.cuda.synchronize()
@@ -89,7 +95,7 @@ def graph_median_us(fn, inputs: list) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(inputs))
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
     del graph
     return statistics.median(times)
 
@@ -315,7 +321,12 @@ def main() -> int:
     parser.add_argument("--no-crossover", action="store_true", help="skip the rows-of-x sweep")
     parser.add_argument("--rounds", type=int, default=3,
                         help="passes over the layers (and ceilings); the tables take each figure's median over them")
+    parser.add_argument("--min-calls", type=int, default=1,
+                        help="the fewest calls per timed graph, cycling through the weight copies (default 1: one "
+                        "call per copy, 2-16 by layer size)")
     args = parser.parse_args()
+    global min_graph_calls
+    min_graph_calls = max(1, args.min_calls)
     if args.rounds < 1:
         parser.error(f"--rounds: expected at least 1, got {args.rounds}")
     if not torch.cuda.is_available():
@@ -352,7 +363,7 @@ def main() -> int:
         curves.append({"layer": asdict(layer), "points": bench_crossover(layer, CROSSOVER_ROWS, bnb)})
         print(f"[crossover] {layer.model} {layer.name}: {time.time() - start:.1f}s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    results = {"env": env, "rounds": args.rounds, "ceilings_GBps": ceilings,
+    results = {"env": env, "rounds": args.rounds, "min_graph_calls": min_graph_calls, "ceilings_GBps": ceilings,
                "ceilings_GBps_rounds": ceiling_rounds, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
                "rows": [{"layer": asdict(r.layer), "times_us": r.times_us,
                          "times_us_rounds": [p.times_us for p in passes]}
