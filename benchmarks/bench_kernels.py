@@ -325,10 +325,12 @@ def main() -> int:
                         help="the fewest calls per timed graph, cycling through the weight copies (default 1: one "
                         "call per copy, 2-16 by layer size)")
     args = parser.parse_args()
-    global min_graph_calls
-    min_graph_calls = max(1, args.min_calls)
     if args.rounds < 1:
         parser.error(f"--rounds: expected at least 1, got {args.rounds}")
+    if args.min_calls < 1:
+        parser.error(f"--min-calls: expected at least 1, got {args.min_calls}")
+    global min_graph_calls
+    min_graph_calls = args.min_calls
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2

@@ -124,9 +124,15 @@ def header_line(results: dict) -> str:
         f"{env['gpu']}, driver {env['driver']}, torch {env['torch']} (CUDA {env['cuda']}), bitsandbytes "
         f"{env['bitsandbytes']}; {results['quant_type'].upper()}, blocksize {results['blocksize']}, bf16. "
         f"Ceilings measured in the same run: copy {ceilings['copy_GBps']:.0f} GB/s (read + write), "
-        f"read {read_ceiling(ceilings):.0f} GB/s. Times are medians in µs{rounds_note(results)}; speedups above 1 "
-        f"mean nf4-ops is faster."
+        f"read {read_ceiling(ceilings):.0f} GB/s. Times are medians in µs{rounds_note(results)}{chain_note(results)}; "
+        f"speedups above 1 mean nf4-ops is faster."
     )
+
+
+def chain_note(results: dict) -> str:
+    """How many calls each timed graph held, where --min-calls raised it above one per weight copy."""
+    calls = results.get("min_graph_calls", 1)
+    return f", each timed graph holding at least {calls} calls" if calls > 1 else ""
 
 
 def rounds_note(results: dict) -> str:

@@ -80,3 +80,17 @@ def test_sass_report_names_kernel_instances():
                     "5_PS3_Pf") == ("tc_gemv_kernel", "fp16,1,2,0,1")
     assert readable("not_a_mangled_name") == ("not_a_mangled_name", "")
 
+
+
+def test_report_header_names_the_chain_length():
+    """benchmarks/report.py's header says how many calls each timed graph held when bench_kernels.py --min-calls
+    raised it, and says nothing for runs with one call per weight copy (the default, and runs before the option)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from report import header_line
+
+    env = {"gpu": "G", "driver": "d", "torch": "t", "cuda": "c", "bitsandbytes": "b"}
+    results = {"env": env, "ceilings_GBps": {"copy_GBps": 1.0, "read_sum_GBps": 1.0, "read_cublas_gemv_GBps": 1.0}, "quant_type": "nf4",
+               "blocksize": 64, "rounds": 1, "rows": [{"times_us": {}}]}
+    assert "timed graph" not in header_line(results)
+    assert "timed graph" not in header_line({**results, "min_graph_calls": 1})
+    assert "each timed graph holding at least 16 calls" in header_line({**results, "min_graph_calls": 16})
