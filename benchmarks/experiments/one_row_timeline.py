@@ -37,7 +37,10 @@ def layer_timeline(name, rows, cols, sms):
     packed = [torch.randint(0, 256, (rows * cols // 2,), dtype=torch.uint8, device="cuda") for _ in range(copies)]
     absmax = [torch.rand(rows * cols // 64, device="cuda") + 0.5 for _ in range(copies)]
     x = torch.randn(1, cols, dtype=torch.bfloat16, device="cuda")
-    call = lambda i: torch.ops.nf4.gemv(x, packed[i % copies], absmax[i % copies], 64, "nf4", [rows, cols])  # noqa: E731
+
+    def call(i):
+        return torch.ops.nf4.gemv(x, packed[i % copies], absmax[i % copies], 64, "nf4", [rows, cols])
+
     for i in range(3):
         call(i)
     torch.cuda.synchronize()
@@ -124,8 +127,8 @@ def main():
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     results = [layer_timeline(name, rows, cols, sms) for name, rows, cols in LAYERS]
-    print(torch.cuda.get_device_name(0), f"{sms} SMs; us from the call's first wait release, means over calls 2-{CALLS - 1} "
-          "of a graph of", CALLS)
+    print(torch.cuda.get_device_name(0), f"{sms} SMs; us from the call's first wait release, means over calls "
+          f"2-{CALLS - 1} of a graph of", CALLS)
     columns = ["us_per_call_events", "period", "wait_spread", "first_step_p50", "done_p0", "done_p50", "done_p90",
                "done_p100", "merged_max", "boundary", "next_entry_first", "relaunch_p50", "relaunch_max",
                "cta_median_spread", "within_cta_spread_p50", "sm_rank_corr_between_calls", "wait_vs_done_corr"]
@@ -137,8 +140,9 @@ def main():
     for r in results:
         print(r["layer"], "warp index offsets (us):", r["warp_index_offset_us"])
         sm = torch.tensor(r["sm_median_done_mean"])
-        print(r["layer"], "per-SM median done (us), by SM id: min %.2f p50 %.2f max %.2f; slowest SMs %s; fastest %s" % (
-            float(sm.min()), float(sm.median()), float(sm.max()), sm.argsort()[-8:].tolist(), sm.argsort()[:8].tolist()))
+        order = sm.argsort()
+        print(r["layer"], f"per-SM median done (us), by SM id: min {float(sm.min()):.2f} p50 {float(sm.median()):.2f} "
+              f"max {float(sm.max()):.2f}; slowest SMs {order[-8:].tolist()}; fastest {order[:8].tolist()}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
