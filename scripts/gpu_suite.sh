@@ -2,7 +2,9 @@
 # The whole suite on a machine with an NVIDIA GPU, in one command: build the extension for this GPU, run
 # the tests (CUDA ones included), compute-sanitizer memcheck and racecheck, and the kernel benchmark.
 # Prints a short table last; full logs, JSON and PNG go to $OUT (default ./gpu-out).
-#   bash scripts/gpu_suite.sh [--quick]     (--quick: benchmark Llama-3.3-70B's layers only)
+#   bash scripts/gpu_suite.sh [--quick] [BENCH_ARG ...]
+# (--quick: benchmark Llama-3.3-70B's layers only; other arguments go to benchmarks/bench_kernels.py, e.g.
+# --min-calls 16)
 # Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
 # (see README, "GPU suite").
 set -uo pipefail
@@ -10,8 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-BENCH_ARGS=()
-[ "${1:-}" = "--quick" ] && BENCH_ARGS+=(--quick)
+BENCH_ARGS=("$@")  # --quick and any other bench_kernels.py arguments
 [ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_HOME=/usr/local/cuda; fi
