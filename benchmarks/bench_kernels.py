@@ -8,7 +8,10 @@ passing slowdown of the GPU, such as one that once put a layer 13% slow in one p
 Ceilings: a 1 GiB device-to-device copy (bytes read + written, outside a graph) for dequantize, and the best
 of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV on 28672x8192 for gemv.
 
-    python benchmarks/bench_kernels.py [--quick] [--rounds R] [--out DIR]
+    python benchmarks/bench_kernels.py [--quick] [--rounds R] [--min-calls N] [--out DIR]
+
+(--min-calls N: at least N calls per timed graph, cycling through the copies; by default a graph holds one call
+per copy, which is 2 on the largest layers and up to 16 on small ones.)
 
 Prints a table last and writes DIR/kernels.json and DIR/kernels.png.
 """
