@@ -10,8 +10,8 @@ of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV on 28672x8192 for gemv.
 
     python benchmarks/bench_kernels.py [--quick] [--rounds R] [--min-calls N] [--out DIR]
 
-(--min-calls N: at least N calls per timed graph, cycling through the copies; by default a graph holds one call
-per copy, which is 2 on the largest layers and up to 16 on small ones.)
+(--min-calls N: at least N calls per timed graph, cycling through the copies; default 16. With 1 a graph holds one
+call per copy, which is 2 on the largest layers and up to 16 on small ones.)
 
 Prints a table last and writes DIR/kernels.json and DIR/kernels.png.
 """
@@ -38,10 +38,12 @@ BLOCKSIZE = 64
 QUANT_TYPE = "nf4"
 ROTATE_BYTES = 3 * 60 * 2**20  # three times the largest L2 here (H200: 60 MB)
 REPLAYS = 25
-# The fewest calls a timed graph holds (cycling through the input sets): 1 keeps one call per input set, so a
+# The fewest calls a timed graph holds (cycling through the input sets). 1 keeps one call per input set, so a
 # large layer's graph holds 2 calls and a small one's up to 16, and each replay's launch and first call's start
-# weigh more on the large layers (NOTES gemv row 78). Set by --min-calls.
-min_graph_calls = 1
+# weigh up to 8x more per call on the large layers (NOTES gemv row 78); 16 gives every layer the same chain.
+# Set by --min-calls.
+DEFAULT_MIN_GRAPH_CALLS = 16
+min_graph_calls = DEFAULT_MIN_GRAPH_CALLS
 
 
 @dataclass(frozen=True)
@@ -324,9 +326,9 @@ def main() -> int:
     parser.add_argument("--no-crossover", action="store_true", help="skip the rows-of-x sweep")
     parser.add_argument("--rounds", type=int, default=3,
                         help="passes over the layers (and ceilings); the tables take each figure's median over them")
-    parser.add_argument("--min-calls", type=int, default=1,
-                        help="the fewest calls per timed graph, cycling through the weight copies (default 1: one "
-                        "call per copy, 2-16 by layer size)")
+    parser.add_argument("--min-calls", type=int, default=DEFAULT_MIN_GRAPH_CALLS,
+                        help=f"the fewest calls per timed graph, cycling through the weight copies (default "
+                        f"{DEFAULT_MIN_GRAPH_CALLS}; 1: one call per copy, 2-16 by layer size)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds: expected at least 1, got {args.rounds}")

@@ -1,7 +1,8 @@
 // nf4::gemv on CUDA, five paths chosen per call (the crossover constants in ops.h, and each path's rule here):
-//  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x, or of fp32 x as split bf16 operands
-//    (MmaOperand), on sm_80+, plain or nested absmax, on layers with enough steps per warp (one_row_gemv_applies),
-//    and for fp32 x of up to kOneRowFp32RowLimits (ops.h) rows, one launch that takes the rows one after another;
+//  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x (up to kOrMaxXRows rows, decoded together),
+//    or of fp32 x as split bf16 operands (MmaOperand), on sm_80+, plain or nested absmax, on layers with enough steps
+//    per warp (one_row_gemv_applies), and for fp32 x of up to kOneRowFp32RowLimits (ops.h) rows, one launch that takes
+//    the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to kTensorCoreGemvLaunchRows rows, in one launch;
 //  - the many-rows kernel (csrc/gemv_many_rows.cu): fp16/bf16 x of 17 up to many_rows_gemv_max_rows rows where the
@@ -767,6 +768,24 @@ constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (th
 constexpr int kOrMinStepsPerWarp = 2;
 constexpr int kOrMinStepsPerWarpSplit = 1;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
+// Rows of fp16 / bf16 x that one launch of the one-row kernel takes together: each step's weights are decoded once
+// (the byte permutes and table reads that bound the kernel) and feed one set of mmas per row of x, whose x loads,
+// mmas and scale FMAs are all that a row adds. One instance for 1 row and one for kOrMaxXRows (fewer rows take it
+// with the last row read again and its outputs dropped). On an H100, 2 rows took 8-30% less time than on the
+// tensor-core kernel; 4 rows (8 mmas per row and step, 7 of 8 of their products off the diagonal) 6-14% more on
+// the Llama layers (NOTES gemv row 79).
+#ifndef NF4_OR_MAX_X_ROWS
+#define NF4_OR_MAX_X_ROWS 2
+#endif
+constexpr int kOrMaxXRows = NF4_OR_MAX_X_ROWS;
+// The ring of steps in flight for several rows of x: each row's x words and sums take registers that one row's
+// instance gives the ring (128 per thread at 16 warps per SM).
+#ifndef NF4_OR_X_ROWS_DEPTH
+#define NF4_OR_X_ROWS_DEPTH 2
+#endif
+constexpr int kOrXRowsRing = NF4_OR_X_ROWS_DEPTH + 1;
+static_assert(kOrMaxXRows >= 1 && kOrMaxXRows <= 4, "NF4_OR_MAX_X_ROWS: 1 to 4");
+static_assert(kOrRows * kOrMaxXRows <= 32, "one lane writes each (x row, W row) sum of a tile");
 
 // Loads that skip L1: the weights and scales are read once, and L1 is left to x, which every warp rereads.
 __device__ __forceinline__ uint2 load_once_8(const uint8_t* from) {
@@ -840,18 +859,24 @@ __device__ __forceinline__ void one_row_x(const T* from, bool inside, uint32_t (
 
 // kNested: `absmax` is unused and `nested` holds the scales (BlockScales, nested), `nested_blocks` values of
 // state2.absmax per CTA (one_row_nested_blocks).
-template <typename T, bool kHalfStep, bool kRowLoop, bool kNested>
+// kXRows: rows of x decoded together (x_rows of them, the last row repeated up to kXRows); 1 for one row and for
+// kRowLoop, whose rows of x go one after another.
+template <typename T, bool kHalfStep, bool kRowLoop, bool kNested, int kXRows>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                         const T* __restrict__ bias, T* __restrict__ out, BlockScales nested, int nested_blocks) {
+  static_assert(kXRows >= 1 && kXRows <= kOrMaxXRows && (kXRows == 1 || (!kRowLoop && !MmaOperand<T>::kSplit)),
+                "several rows of x decoded together: fp16 / bf16 x, no row loop");
+  constexpr int kRing = kXRows == 1 ? kOrRing : kOrXRowsRing;
+  constexpr int kSums = kXRows * kOrRows;  // a tile's outputs: (x row, W row), x row major
   let_next_kernel_start();
   using M = typename MmaOperand<T>::type;
   using ScaleSource = std::conditional_t<kNested, uint8_t, float>;  // what the loads read per block
   using ScaleWord = std::conditional_t<kNested, uint32_t, float>;   // what the ring holds per row and step
   extern __shared__ __align__(16) uint8_t or_lut[];
   // the parts of the CTA's shared tiles: [warp][0: its first tile, 1: its last][tile row]
-  __shared__ float tile_parts[kOrWarps][2][kOrRows];
+  __shared__ float tile_parts[kOrWarps][2][kSums];
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int lane_byte = 32 * g + 8 * t;
   const int steps = static_cast<int>(cols / kOrStep) + (kHalfStep ? 1 : 0);  // per tile, a last half step counted
@@ -894,6 +919,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   // calls take an instance with a constant trip count of 1, whose code is the loop's body alone: the loop's live
   // values cost the fp32 loop spills, and one row 2-11% of its time (NOTES gemv row 59).
   const int row_count = kRowLoop ? x_rows : 1;
+  const int x_rows_together = kXRows == 1 ? 1 : x_rows;  // rows of x decoded together, <= kXRows
   // Nested: the shared code map and nested absmax values (filled with the table), the offset, and where the CTA's
   // first block sits in its nested block.
   const float* nested_code2 = reinterpret_cast<const float*>(or_lut + kCodePairTableBytes);
@@ -975,12 +1001,12 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       if (++load_s == steps) load_s = 0, ++load_tile, seek();
     };
     seek();
-    // The ring of steps in flight, slot d holding steps d, d + kOrRing, ... (indexed by unrolled loops only,
+    // The ring of steps in flight, slot d holding steps d, d + kRing, ... (indexed by unrolled loops only,
     // so it stays in registers).
-    uint2 ring_weights[kOrRing][kOrRows];
-    ScaleWord ring_scales[kOrRing][kOrRows];
+    uint2 ring_weights[kRing][kOrRows];
+    ScaleWord ring_scales[kRing][kOrRows];
 #pragma unroll
-    for (int d = 0; d < kOrRing; ++d) {
+    for (int d = 0; d < kRing; ++d) {
       if (d < count) load_step(ring_weights[d], ring_scales[d]);
     }
     if (x_row == 0) {  // the code pair table was filled before the wait
@@ -1005,40 +1031,47 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     int s = first_s;
     bool from_tile_start = s == 0;  // the warp's part of `tile` began at its step 0
     const T* x_lane = x + 64 * g + 16 * t;
+    // x row xr of those decoded together starts this far after the first (the last row repeated past x_rows)
+    const auto x_row_offset = [&](int xr) { return int64_t{min(xr, x_rows_together - 1)} * cols; };
     // Segment g's sums of the step sit on the diagonal, in lane (g, g / 2): result column g % 2 for row 2mt
     // and 2 + g % 2 for row 2mt + 1; each lane keeps the two of its columns that would be there, and only the
     // diagonal lanes' sums are used.
     const bool diagonal = t == g / 2;
     const bool odd_column = g % 2 != 0;
-    float acc[kOrRows] = {};  // row r of the tile, this lane's segment
+    float acc[kXRows][kOrRows] = {};  // x row xr, row r of the tile, this lane's segment
+    // Lane l < kSums holds the tile's output (x row l / kOrRows, W row l % kOrRows) after a flush.
+    const int lane_x_row = lane / kOrRows, lane_tile_row = lane % kOrRows;
+    const bool lane_writes = lane < kSums && lane_x_row < x_rows_together;
 
     // The warp leaves `tile`: add the 8 segments of each row by a butterfly over the warp (the same order on
-    // every run; lanes off the diagonal give zeros); lane r writes row r, to the output when the warp took the
+    // every run; lanes off the diagonal give zeros); lane l writes its output, to `out` when the warp took the
     // whole tile, else to its slot for the tile (0: its first tile, 1: its last), added at the CTA's end.
     const auto flush = [&](bool whole) {
-      float row_sum[kOrRows];
+      float row_sum[kSums];
 #pragma unroll
-      for (int r = 0; r < kOrRows; ++r) row_sum[r] = diagonal ? acc[r] : 0.0f, acc[r] = 0.0f;
+      for (int i = 0; i < kSums; ++i) {
+        row_sum[i] = diagonal ? acc[i / kOrRows][i % kOrRows] : 0.0f, acc[i / kOrRows][i % kOrRows] = 0.0f;
+      }
       float mine_sum = 0.0f;
 #pragma unroll
-      for (int r = 0; r < kOrRows; ++r) {
+      for (int i = 0; i < kSums; ++i) {
 #pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) row_sum[r] += __shfl_xor_sync(0xFFFFFFFFu, row_sum[r], offset);
-        if (lane == r) mine_sum = row_sum[r];
+        for (int offset = 16; offset > 0; offset /= 2) row_sum[i] += __shfl_xor_sync(0xFFFFFFFFu, row_sum[i], offset);
+        if (lane == i) mine_sum = row_sum[i];
       }
-      const int n = tile * kOrRows + lane;
-      if (lane < kOrRows && n < cta_row_count) {
+      const int n = tile * kOrRows + lane_tile_row;
+      if (lane_writes && n < cta_row_count) {
         if (whole) {
-          out[n] = from_float<T>(bias != nullptr ? mine_sum + to_float(bias[n]) : mine_sum);
+          out[lane_x_row * rows + n] = from_float<T>(bias != nullptr ? mine_sum + to_float(bias[n]) : mine_sum);
         } else {
           tile_parts[warp][tile == first_tile ? 0 : 1][lane] = mine_sum;
         }
       }
     };
 
-    for (int q0 = 0; q0 < count; q0 += kOrRing) {
+    for (int q0 = 0; q0 < count; q0 += kRing) {
 #pragma unroll
-      for (int d = 0; d < kOrRing; ++d) {
+      for (int d = 0; d < kRing; ++d) {
         const int q = q0 + d;
         if (q >= count) break;
         const uint2(&weights)[kOrRows] = ring_weights[d];
@@ -1047,7 +1080,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         uint32_t bits = 0;
 #pragma unroll
         for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(float(scales[r]));
-        acc[0] += __uint_as_float(bits & 0x3FFFFFFFu);
+        acc[0][0] += __uint_as_float(bits & 0x3FFFFFFFu);
 #else
         // The row's scale for this lane's segment (nested: from the code loaded with the weights).
         int nested_first = 0;  // nested: the step's block index in tile row 0, from the CTA range's first value
@@ -1066,30 +1099,38 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
             return scales[r];
           }
         };
-        uint32_t x_hi[8], x_lo[8];  // x_lo: fp32 x only (MmaOperand)
+        uint32_t x_hi[kXRows][8], x_lo[8];  // x_lo: fp32 x only (MmaOperand), one row
         // a half step: zeros past the row's end, whose weights load as zeros too
-        one_row_x<T, kHalfStep>(x_lane + int64_t{s} * kOrStep, segment_in_row(s), x_hi, x_lo);
+#pragma unroll
+        for (int xr = 0; xr < kXRows; ++xr) {
+          one_row_x<T, kHalfStep>(x_lane + int64_t{s} * kOrStep + x_row_offset(xr), segment_in_row(s), x_hi[xr], x_lo);
+        }
 #pragma unroll
         for (int mt = 0; mt < kOrRows / 2; ++mt) {
           const uint2 lo = weights[2 * mt], hi = weights[2 * mt + 1];
-          float sums[4] = {};
+          float sums[kXRows][4] = {};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
             uint32_t a[4];
-            a_fragment(j, lo, hi, lut, lane4, a);
+            a_fragment(j, lo, hi, lut, lane4, a);  // decoded once for every row of x
             if constexpr (MmaOperand<T>::kSplit) {  // the small products first
               uint32_t a_lo[4];
               a_fragment(j, lo, hi, lut + kCodePairEntryBytes / 2, lane4, a_lo);
-              mma_16816<M>(sums, a_lo, x_hi[2 * j], x_hi[2 * j + 1], sums);
-              mma_16816<M>(sums, a, x_lo[2 * j], x_lo[2 * j + 1], sums);
+              mma_16816<M>(sums[0], a_lo, x_hi[0][2 * j], x_hi[0][2 * j + 1], sums[0]);
+              mma_16816<M>(sums[0], a, x_lo[2 * j], x_lo[2 * j + 1], sums[0]);
             }
-            mma_16816<M>(sums, a, x_hi[2 * j], x_hi[2 * j + 1], sums);
+#pragma unroll
+            for (int xr = 0; xr < kXRows; ++xr) mma_16816<M>(sums[xr], a, x_hi[xr][2 * j], x_hi[xr][2 * j + 1], sums[xr]);
           }
-          acc[2 * mt] = fmaf(row_scale(2 * mt), odd_column ? sums[1] : sums[0], acc[2 * mt]);
-          acc[2 * mt + 1] = fmaf(row_scale(2 * mt + 1), odd_column ? sums[3] : sums[2], acc[2 * mt + 1]);
+          const float scale_lo = row_scale(2 * mt), scale_hi = row_scale(2 * mt + 1);
+#pragma unroll
+          for (int xr = 0; xr < kXRows; ++xr) {
+            acc[xr][2 * mt] = fmaf(scale_lo, odd_column ? sums[xr][1] : sums[xr][0], acc[xr][2 * mt]);
+            acc[xr][2 * mt + 1] = fmaf(scale_hi, odd_column ? sums[xr][3] : sums[xr][2], acc[xr][2 * mt + 1]);
+          }
         }
 #endif
-        if (q + kOrRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
+        if (q + kRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
         if (s + 1 == steps || q + 1 == count) flush(from_tile_start && s + 1 == steps);
         if (++s == steps) s = 0, ++tile, from_tile_start = true;
       }
@@ -1097,11 +1138,11 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
 
     // The shared tile this warp adds, in warp order (the same bits on every run).
     __syncthreads();
-    const int n = first_tile * kOrRows + lane;
-    if (merge_from >= 0 && lane < kOrRows && n < cta_row_count) {
+    const int n = first_tile * kOrRows + lane_tile_row;
+    if (merge_from >= 0 && lane_writes && n < cta_row_count) {
       float sum = tile_parts[merge_from / 2][merge_from % 2][lane];
       for (int w = merge_from / 2 + 1; w <= warp; ++w) sum += tile_parts[w][0][lane];
-      out[n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+      out[lane_x_row * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
     }
     if (x_row + 1 < row_count) __syncthreads();  // tile_parts is read above before the next row writes it
   }
@@ -1184,7 +1225,8 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
-// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x, plain absmax or nested absmax whose values
+// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x (up to kOrMaxXRows of fp16 / bf16 x,
+// decoded together; fp32 x asks for one row, and takes more one after another: launch_one_row_gemv), plain absmax or nested absmax whose values
 // for a CTA's rows fit its shared memory (kOrNestedMaxBlocks), whole 512-element steps or
 // a last half step per row, W rows that start on absmax block boundaries (its scale addresses step by whole rows
 // of blocks), and enough steps (a half step counted as one) that every warp of the CTA with the fewest rows (one
@@ -1201,7 +1243,7 @@ bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksi
   const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile
   const bool nested_fit = !scales.nested() || one_row_nested_blocks(rows, sms, cols >> blocksize_log2,
                                                                     scales.nested_blocksize_log2) <= kOrNestedMaxBlocks;
-  return x_rows == 1 && nested_fit && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
+  return x_rows >= 1 && x_rows <= (split_operands ? 1 : kOrMaxXRows) && nested_fit && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
          (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
 }
 
@@ -1215,22 +1257,24 @@ int64_t one_row_fp32_max_rows(int64_t rows, int64_t cols) {
 #endif
 }
 
-// x_rows: 1, or with split operands (fp32 x) up to kOneRowFp32RowLimits (ops.h), taken one after another.
+// x_rows: up to kOrMaxXRows, decoded together; with split operands (fp32 x) 1, or up to kOneRowFp32RowLimits (ops.h)
+// taken one after another.
 template <typename T>
 void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                          int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
-  TORCH_INTERNAL_ASSERT(x_rows == 1 || (MmaOperand<T>::kSplit && x_rows > 1 && x_rows <= INT32_MAX));
+  TORCH_INTERNAL_ASSERT(x_rows >= 1 && (MmaOperand<T>::kSplit ? x_rows <= INT32_MAX : x_rows <= kOrMaxXRows));
   const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one_row_gemv_applies' CTAs
   const int64_t nested_count =
       scales.nested() ? one_row_nested_blocks(rows, grid, cols >> spec.blocksize_log2, scales.nested_blocksize_log2)
                       : 0;
   TORCH_INTERNAL_ASSERT(nested_count <= kOrNestedMaxBlocks);  // one_row_gemv_applies' rule
   const int nested_blocks = static_cast<int>(nested_count);
-  const auto launch = [&](auto half_step_constant, auto row_loop_constant, auto nested_constant) {
+  const auto launch = [&](auto half_step_constant, auto row_loop_constant, auto nested_constant, auto x_rows_constant) {
     constexpr bool kHalfStep = decltype(half_step_constant)::value;
     constexpr bool kRowLoop = decltype(row_loop_constant)::value;
     constexpr bool kNested = decltype(nested_constant)::value;
-    const auto kernel = one_row_gemv_kernel<T, kHalfStep, kRowLoop, kNested>;
+    constexpr int kXRows = decltype(x_rows_constant)::value;
+    const auto kernel = one_row_gemv_kernel<T, kHalfStep, kRowLoop, kNested, kXRows>;
     constexpr int kMostSharedBytes = kCodePairTableBytes + (kNested ? kOrNestedSharedBytes : 0);
     static std::atomic<int64_t> resident[64] = {};  // one cache per instance
     prepare_kernel(resident, kernel, kOrWarps * 32, kMostSharedBytes);
@@ -1239,16 +1283,22 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
                   spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows), bias, out, scales,
                   nested_blocks);
   };
-  const auto with_half_step = [&](auto row_loop, auto nested) {
-    cols % kOrStep == 0 ? launch(std::false_type{}, row_loop, nested) : launch(std::true_type{}, row_loop, nested);
+  const auto with_half_step = [&](auto row_loop, auto nested, auto x_rows_constant) {
+    cols % kOrStep == 0 ? launch(std::false_type{}, row_loop, nested, x_rows_constant)
+                        : launch(std::true_type{}, row_loop, nested, x_rows_constant);
   };
-  const auto with_nested = [&](auto row_loop) {
-    scales.nested() ? with_half_step(row_loop, std::true_type{}) : with_half_step(row_loop, std::false_type{});
+  const auto with_nested = [&](auto row_loop, auto x_rows_constant) {
+    scales.nested() ? with_half_step(row_loop, std::true_type{}, x_rows_constant)
+                    : with_half_step(row_loop, std::false_type{}, x_rows_constant);
   };
+  using OneXRow = std::integral_constant<int, 1>;
   if constexpr (MmaOperand<T>::kSplit) {
-    x_rows > 1 ? with_nested(std::true_type{}) : with_nested(std::false_type{});
+    x_rows > 1 ? with_nested(std::true_type{}, OneXRow{}) : with_nested(std::false_type{}, OneXRow{});
+  } else if constexpr (kOrMaxXRows == 1) {
+    with_nested(std::false_type{}, OneXRow{});
   } else {
-    with_nested(std::false_type{});
+    using MaxXRows = std::integral_constant<int, kOrMaxXRows>;
+    x_rows == 1 ? with_nested(std::false_type{}, OneXRow{}) : with_nested(std::false_type{}, MaxXRows{});
   }
 }
 
@@ -1370,10 +1420,10 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>()) + first_row * rows;
     if constexpr (!std::is_same_v<T, float>) {
-      // One row takes the one-row kernel where it applies, up to 16 rows the tensor-core kernel.
+      // Up to kOrMaxXRows rows take the one-row kernel where it applies, up to 16 rows the tensor-core kernel.
       if (tensor_cores) {
         if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
-          launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, 1, bias_data, out_data, stream);
+          launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
         } else {
           launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, out, stream);
         }

@@ -4,7 +4,7 @@
 # Prints a short table last; full logs, JSON and PNG go to $OUT (default ./gpu-out).
 #   bash scripts/gpu_suite.sh [--quick] [BENCH_ARG ...]
 # (--quick: benchmark Llama-3.3-70B's layers only; other arguments go to benchmarks/bench_kernels.py, e.g.
-# --min-calls 16)
+# --rounds 1)
 # Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
 # (see README, "GPU suite").
 set -uo pipefail

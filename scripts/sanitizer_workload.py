@@ -85,7 +85,8 @@ def main():
     # zeros), tiles shared by two or three warps of a CTA; the same with each row's last step a half step
     # (K % 512 == 256), whose upper lanes must read nothing past W's and x's rows; and 2 tiles per CTA (2-3 steps
     # per warp: runs shorter than the ring); and 1 tile per CTA (1-2 steps per warp: fp32 x only, bf16 x takes the
-    # tensor-core kernel there). Each with bf16 x and with fp32 x (split into bf16 parts), and 3 rows of fp32 x (one
+    # tensor-core kernel there). Each with bf16 x (1 row, 2 rows decoded together: csrc/gemv.cu kOrMaxXRows, and 3,
+    # the tensor-core kernel) and with fp32 x (split into bf16 parts), and 3 rows of fp32 x (one
     # launch that takes the rows one after another: csrc/ops.h kOneRowFp32RowLimits); and each with nested absmax
     # (its codes turned into scales from shared-memory tables: csrc/gemv.cu kOrNestedMaxBlocks).
     for tiles_per_cta, one_row_k in ((8, 512 * 17), (8, 512 * 17 - 256), (2, 512 * 17), (1, 512 * 17)):
@@ -93,7 +94,8 @@ def main():
         for nested in (False, True):
             packed, args = random_weight(one_row_n, one_row_k, 64, nested)
             label = f"{one_row_n}x{one_row_k} one-row kernel nested={nested}"
-            for dtype, rows in ((torch.bfloat16, 1), (torch.float32, 1), (torch.float32, 3)):
+            for dtype, rows in ((torch.bfloat16, 1), (torch.bfloat16, 2), (torch.bfloat16, 3), (torch.float32, 1),
+                                (torch.float32, 3)):
                 failures += check_gemv(packed, args, rows, label, dtype)
     # More rows of x than one tensor-core launch takes, on the many-rows kernel up to csrc/ops.h's limits (32 rows
     # under 5 MiB packed, 64 from 5 MiB, 96 from 16 MiB; on memory of 4 TB/s or more 32, and 64 from 16 MiB; past them

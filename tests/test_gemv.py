@@ -186,6 +186,7 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
 ONE_ROW_MIN_STEPS_PER_WARP_FP32 = 1  # kOrMinStepsPerWarpSplit: fp32 x has no tensor-core kernel to keep small layers
 ONE_ROW_NESTED_MAX_BLOCKS = 4096  # kOrNestedMaxBlocks: the nested absmax values a CTA holds in shared memory
+ONE_ROW_MAX_X_ROWS = 2  # kOrMaxXRows: rows of fp16 / bf16 x that the kernel decodes together
 
 
 def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
@@ -294,6 +295,31 @@ def test_gemv_one_row_kernel(case):
     assert_gemv_close(out, x, packed, args, bias)
     for _ in range(2):
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
+    if takes_one_row and dtype != torch.float32:
+        check_one_row_x_rows(shape, packed, args, dtype, bias)
+
+
+def check_one_row_x_rows(shape, packed, args, dtype, bias):
+    """Several rows of fp16 / bf16 x on a W the one-row kernel takes: up to ONE_ROW_MAX_X_ROWS rows take one launch
+    of it, which decodes each step once for all of them, each row the same bits as that row alone; a row more
+    takes the tensor-core kernel."""
+    for rows in range(2, ONE_ROW_MAX_X_ROWS + 2):
+        # x is followed in memory by NaNs, so a read past its last row would turn outputs into NaNs
+        buffer = torch.full((rows * shape[1] + 64,), float("nan"), dtype=dtype, device="cuda")
+        x = buffer[: rows * shape[1]].view(rows, shape[1])
+        x.copy_(random_x((rows, shape[1]), dtype, "cuda", seed=rows))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+            torch.cuda.synchronize()
+        names = [event.name for event in profile.events()]
+        kernel = "one_row_gemv_kernel" if rows <= ONE_ROW_MAX_X_ROWS else "tc_gemv_kernel"
+        assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
+        assert_gemv_close(out, x, packed, args, bias)
+        assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
+        if rows <= ONE_ROW_MAX_X_ROWS:
+            for row in range(rows):
+                alone = torch.ops.nf4.gemv(x[row : row + 1], packed, bias=bias, **args)
+                assert torch.equal(out[row], alone[0]), f"row {row} of {rows}"
 
 
 # csrc/ops.h kOneRowFp32RowLimits: fp32 x on a W that the one-row kernel takes runs one launch of it that takes the
@@ -356,7 +382,8 @@ ONE_ROW_NESTED_CASES = [
 )
 def test_gemv_nested_one_row(case, nested_blocksize):
     """Nested absmax on the one-row kernel (its codes loaded with the weights, turned into scales from shared-memory
-    tables: csrc/gemv.cu kOrNestedMaxBlocks), at one row and, for fp32 x, at 3: within the tolerance rule, each row
+    tables: csrc/gemv.cu kOrNestedMaxBlocks), at one row and at 3 for fp32 x (rows one after another) or 2 for
+    fp16 / bf16 x (decoded together, kOrMaxXRows): within the tolerance rule, each row
     the same bits as that row alone and on every run, and the same bits as the one-row kernel on the plain absmax
     that the nested values stand for (nf4_ops.reference.absmax_reference: bitsandbytes' nested math, two roundings,
     as dequantize's)."""
@@ -377,7 +404,7 @@ def test_gemv_nested_one_row(case, nested_blocksize):
     plain_absmax = absmax_reference(args["absmax"], args["nested_absmax"], args["nested_code"], args["nested_offset"],
                                     args["nested_blocksize"])
     plain_args = {name: args[name] for name in ("blocksize", "quant_type", "shape")} | {"absmax": plain_absmax}
-    for rows in (1, 3) if dtype == torch.float32 else (1,):
+    for rows in (1, 3) if dtype == torch.float32 else (1, ONE_ROW_MAX_X_ROWS):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
             torch.cuda.synchronize()

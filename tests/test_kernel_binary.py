@@ -72,8 +72,8 @@ def test_sass_report_names_kernel_instances():
     from sass_report import readable
 
     prefix = "_ZN3nf439_GLOBAL__N__33047b72_7_gemv_cu_b4fe88c4"
-    assert readable(prefix + "19one_row_gemv_kernelI13__nv_bfloat16Lb0ELb0ELb1EEEvPKT_PKhPKfNS_9QuantTypeEilliS5_PS3_"
-                    "NS_11BlockScalesEi") == ("one_row_gemv_kernel", "bf16,0,0,1")
+    assert readable(prefix + "19one_row_gemv_kernelI13__nv_bfloat16Lb0ELb0ELb1ELi4EEEvPKT_PKhPKfNS_9QuantTypeEilliS5_"
+                    "PS3_NS_11BlockScalesEi") == ("one_row_gemv_kernel", "bf16,0,0,1,4")
     assert readable(prefix + "19one_row_gemv_kernelIfLb1ELb1ELb0EEEvPKT_PKhPKfNS_9QuantTypeEilliS4_PS2_NS_11BlockScal"
                     "esEi") == ("one_row_gemv_kernel", "fp32,1,1,0")
     assert readable(prefix + "14tc_gemv_kernelI6__halfLi1ELi2ELb0ELb1EEEvPKT_PKhNS_11BlockScalesENS_9QuantTypeEilliS"
