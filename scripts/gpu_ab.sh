@@ -4,7 +4,8 @@
 # with the rows-of-x sweep) in the order var, base, var, base; then with var the SASS report's last line, the gemv
 # and kernel-binary tests, memcheck and racecheck. Writes run<i>_<var|base>.json, checks.txt and gpu.txt to $OUT
 # (default ./gpu-ab; no more files, as the device tool brings back few); benchmarks/compare_runs.py $OUT compares
-# them.
+# them. AB_CHECKS=0 skips var's SASS line, tests and sanitizers (a timing-only variant, e.g. one that routes
+# calls away from what the tests assert).
 #   bash scripts/gpu_ab.sh benchmarks/experiments/one_row_flush_shed.diff [more.diff ...]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,6 +38,7 @@ for variant in var base var base; do
   echo "bench $variant rc=$? $((SECONDS - start)) s"
   cp "$var/run$i/kernels.json" "$OUT/run${i}_$variant.json"
 done
+[ "${AB_CHECKS:-1}" = 0 ] && { echo "AB_CHECKS=0: no checks of var"; echo "done $((SECONDS - start)) s"; exit 0; }
 cd "$var"
 export PYTHONPATH="$site$var"
 "$PY" benchmarks/sass_report.py | tail -n 1 | tee "$OUT/checks.txt"
