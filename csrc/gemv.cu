@@ -771,9 +771,9 @@ static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 
 // Rows of fp16 / bf16 x that one launch of the one-row kernel takes together: each step's weights are decoded once
 // (the byte permutes and table reads that bound the kernel) and feed one set of mmas per row of x, whose x loads,
 // mmas and scale FMAs are all that a row adds. One instance for 1 row and one for kOrMaxXRows (fewer rows take it
-// with the last row read again and its outputs dropped). On an H100, 2 rows took 8-30% less time than on the
-// tensor-core kernel; 4 rows (8 mmas per row and step, 7 of 8 of their products off the diagonal) 6-14% more on
-// the Llama layers (NOTES gemv row 79).
+// with the last row read again and its outputs dropped); which W take it, by size and memory class: ops.h
+// one_row_gemv_max_x_rows. On an H100, 2 rows took 8-30% less time than on the tensor-core kernel; 4 rows (8 mmas
+// per row and step, 7 of 8 of their products off the diagonal) 6-14% more on the Llama layers (NOTES gemv row 79).
 #ifndef NF4_OR_MAX_X_ROWS
 #define NF4_OR_MAX_X_ROWS 2
 #endif
@@ -1225,8 +1225,9 @@ void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int t
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
-// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x (up to kOrMaxXRows of fp16 / bf16 x,
-// decoded together; fp32 x asks for one row, and takes more one after another: launch_one_row_gemv), plain absmax or nested absmax whose values
+// fp16, bf16 or, with `split_operands`, fp32: MmaOperand): one row of x (fp16 / bf16 x: up to kOrMaxXRows rows by
+// W's size and the GPU's memory, ops.h one_row_gemv_max_x_rows, decoded together; fp32 x asks for one row, and
+// takes more one after another: launch_one_row_gemv), plain absmax or nested absmax whose values
 // for a CTA's rows fit its shared memory (kOrNestedMaxBlocks), whole 512-element steps or
 // a last half step per row, W rows that start on absmax block boundaries (its scale addresses step by whole rows
 // of blocks), and enough steps (a half step counted as one) that every warp of the CTA with the fewest rows (one
@@ -1243,7 +1244,9 @@ bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksi
   const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile
   const bool nested_fit = !scales.nested() || one_row_nested_blocks(rows, sms, cols >> blocksize_log2,
                                                                     scales.nested_blocksize_log2) <= kOrNestedMaxBlocks;
-  return x_rows >= 1 && x_rows <= (split_operands ? 1 : kOrMaxXRows) && nested_fit && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
+  const int64_t max_x_rows =
+      split_operands ? 1 : std::min<int64_t>(kOrMaxXRows, one_row_gemv_max_x_rows(rows, cols, peak_memory_GBps()));
+  return x_rows >= 1 && x_rows <= max_x_rows && nested_fit && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
          (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
 }
 

@@ -131,6 +131,23 @@ constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
               // even or behind, at 11 all of them behind
 };
 
+//  - fp16 / bf16 x on CUDA where the one-row kernel takes it (csrc/gemv.cu, one_row_gemv_applies): up to these many
+//    rows (at most kOrMaxXRows, 2) take one launch of it that decodes each step once for all of them; more rows take
+//    the tensor-core kernel. Measured at 2 rows against the tensor-core kernel with 16 calls per graph (NOTES gemv
+//    rows 79 and 82): H100 (Llama's gate/up, q and k/v, Gemma's q) 8-30% faster.
+constexpr GemvRowLimit kOneRowXRowLimits[] = {
+    {0, 2},
+};
+//    H200 (every paper layer, two passes each): 4-36% faster below 48 MiB of packed W (Gemma's q/o, Qwen's q/o,
+//    Llama's q/o and k/v) but for Gemma's k/v (6.6 us against 6.2); from 55 MiB 5-12% slower on the gate/up layers
+//    and Llama's down (50.2 us against 45.5 on Llama's gate/up) and 6% faster on Gemma's and Qwen's down, so from
+//    48 MiB one row (the H200 runs the one-row kernel's decode nearer its issue limit: one row reads 75% of the read
+//    ceiling there, 93% on the H100).
+constexpr GemvRowLimit kOneRowXRowLimitsFastMemory[] = {
+    {0, 2},
+    {48, 1},
+};
+
 // The max_rows of the last limit whose min_packed_mib the packed W reaches.
 template <size_t kCount>
 int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64_t cols) {
@@ -191,6 +208,12 @@ inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_
   return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kManyRowsGemvRowLimitsFastMemory, rows, cols)
                                                     : gemv_row_limit(kManyRowsGemvRowLimits, rows, cols);
 #endif
+}
+
+// The most rows of fp16 / bf16 x that the one-row kernel takes (decoded together) on this W and GPU.
+inline int64_t one_row_gemv_max_x_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
+  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kOneRowXRowLimitsFastMemory, rows, cols)
+                                                    : gemv_row_limit(kOneRowXRowLimits, rows, cols);
 }
 
 // How many of the last rows of x take a launch of their own in a call of x_rows rows that the many-rows kernel takes.

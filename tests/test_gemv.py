@@ -186,7 +186,7 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
 ONE_ROW_MIN_STEPS_PER_WARP_FP32 = 1  # kOrMinStepsPerWarpSplit: fp32 x has no tensor-core kernel to keep small layers
 ONE_ROW_NESTED_MAX_BLOCKS = 4096  # kOrNestedMaxBlocks: the nested absmax values a CTA holds in shared memory
-ONE_ROW_MAX_X_ROWS = 2  # kOrMaxXRows: rows of fp16 / bf16 x that the kernel decodes together
+ONE_ROW_MAX_X_ROWS = 2  # kOrMaxXRows: rows of fp16 / bf16 x that the kernel decodes together (on W under 48 MiB)
 
 
 def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
@@ -320,6 +320,27 @@ def check_one_row_x_rows(shape, packed, args, dtype, bias):
             for row in range(rows):
                 alone = torch.ops.nf4.gemv(x[row : row + 1], packed, bias=bias, **args)
                 assert torch.equal(out[row], alone[0]), f"row {row} of {rows}"
+
+
+# csrc/ops.h kOneRowXRowLimits and kOneRowXRowLimitsFastMemory: 2 rows of fp16 / bf16 x take the one-row kernel on any
+# W it takes below 48 MiB packed, and from 48 MiB only on memory slower than 4 TB/s (an H200 takes the tensor-core
+# kernel there). Two weights on either side (47 and 48 MiB packed, K = 8192).
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("rows_of_w, one_row_anywhere", [(47 * 256, True), (48 * 256, False)], ids=["47MiB", "48MiB"])
+def test_gemv_two_rows_limit_by_size(rows_of_w, one_row_anywhere):
+    shape = (rows_of_w, 8192)
+    assert shape[0] * shape[1] // 2 // 2**20 == rows_of_w // 256 and one_row_kernel_takes(shape, 64, False)
+    quantized = bnb_quantize(shape, "nf4", 64, False, device="cuda" if bnb_cuda_works() else "cpu")
+    packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
+    x = random_x((2, shape[1]), torch.bfloat16, "cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, **args)
+        torch.cuda.synchronize()
+    names = [event.name for event in profile.events()]
+    one_row = one_row_anywhere or not has_fast_memory()
+    kernel = "one_row_gemv_kernel" if one_row else "tc_gemv_kernel"
+    assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
+    assert_gemv_close(out, x, packed, args)
 
 
 # csrc/ops.h kOneRowFp32RowLimits: fp32 x on a W that the one-row kernel takes runs one launch of it that takes the
