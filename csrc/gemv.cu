@@ -1103,7 +1103,8 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         // a half step: zeros past the row's end, whose weights load as zeros too
 #pragma unroll
         for (int xr = 0; xr < kXRows; ++xr) {
-          one_row_x<T, kHalfStep>(x_lane + int64_t{s} * kOrStep + x_row_offset(xr), segment_in_row(s), x_hi[xr], x_lo);
+          const T* from = x_lane + int64_t{s} * kOrStep + x_row_offset(xr);
+          one_row_x<T, kHalfStep>(from, segment_in_row(s), x_hi[xr], x_lo);
         }
 #pragma unroll
         for (int mt = 0; mt < kOrRows / 2; ++mt) {
@@ -1120,7 +1121,9 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
               mma_16816<M>(sums[0], a, x_lo[2 * j], x_lo[2 * j + 1], sums[0]);
             }
 #pragma unroll
-            for (int xr = 0; xr < kXRows; ++xr) mma_16816<M>(sums[xr], a, x_hi[xr][2 * j], x_hi[xr][2 * j + 1], sums[xr]);
+            for (int xr = 0; xr < kXRows; ++xr) {
+              mma_16816<M>(sums[xr], a, x_hi[xr][2 * j], x_hi[xr][2 * j + 1], sums[xr]);
+            }
           }
           const float scale_lo = row_scale(2 * mt), scale_hi = row_scale(2 * mt + 1);
 #pragma unroll
@@ -1246,7 +1249,8 @@ bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksi
                                                                     scales.nested_blocksize_log2) <= kOrNestedMaxBlocks;
   const int64_t max_x_rows =
       split_operands ? 1 : std::min<int64_t>(kOrMaxXRows, one_row_gemv_max_x_rows(rows, cols, peak_memory_GBps()));
-  return x_rows >= 1 && x_rows <= max_x_rows && nested_fit && cols % (kOrStep / 2) == 0 && cols % (int64_t{1} << blocksize_log2) == 0 &&
+  return x_rows >= 1 && x_rows <= max_x_rows && nested_fit && cols % (kOrStep / 2) == 0 &&
+         cols % (int64_t{1} << blocksize_log2) == 0 &&
          (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
 }
 
