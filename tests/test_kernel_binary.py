@@ -81,10 +81,10 @@ def test_sass_report_names_kernel_instances():
     assert readable("not_a_mangled_name") == ("not_a_mangled_name", "")
 
 
-
 def test_report_header_names_the_chain_length():
-    """benchmarks/report.py's header says how many calls each timed graph held when bench_kernels.py --min-calls
-    raised it, and says nothing for runs with one call per weight copy (the default, and runs before the option)."""
+    """benchmarks/report.py's header says how many calls each timed graph held when it was more than one per weight
+    copy (bench_kernels.py's default, 16), and says nothing for runs with one call per copy (--min-calls 1, and runs
+    from before the option)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from report import header_line
 
