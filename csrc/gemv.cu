@@ -1151,6 +1151,232 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   }
 }
 
+// ---------------------------------------------------------------------------------------------------------
+// Few-rows path (kFrMinXRows to kTensorCoreGemvLaunchRows rows of fp16 / bf16 x, plain absmax, where the
+// tensor-core kernel's layout fits, K % blocksize == 0, and every warp gets kFrMinStepsPerWarp steps:
+// few_rows_gemv_applies). The one-row kernel's work split and register-direct loads, with the mma's standard
+// layout in place of its diagonal, so that a step's decoded weights feed one mma per 8 rows of x instead of one
+// per row (NOTES gemv row 83).
+// A tile is kFrRows W rows (kFrMTiles m-tiles of 16) over all of K, in steps of 64 elements: one absmax block per
+// row and 4 mma k-tiles, in the tensor-core path's k order. Lane (g, t) loads, kFrDepth steps ahead, the packed
+// bytes 8t .. 8t + 7 of the step's 32 of tile rows g + 8i (i < 2 kFrMTiles: rows 16mt + g and 16mt + g + 8 of
+// m-tile mt, its A fragments) and those rows' scales; at the step it loads x rows g and 8 + g (its B fragments:
+// elements 16t .. 16t + 15 of the step), and each x fragment feeds every m-tile. The sums need no shuffles: lane
+// (g, t) ends a tile holding W rows g and g + 8 of each m-tile by x rows 2t and 2t + 1 of each n-tile
+// (acc_position). Each CTA owns a contiguous range of W rows (cta_rows, one CTA per SM) and splits its (tile,
+// step) sequence over its warps as the one-row kernel does; the parts of a tile that warps share are added at
+// the CTA's end. They need no shared memory past the code pair table's: the table's entries use their first 128
+// bytes (fp16 / bf16 x), so a warp's first-tile part goes to its own entries' last 128 bytes while other warps
+// still decode, and its last-tile part, kept in registers, to the first 128 bytes once every warp has finished.
+#ifndef NF4_FR_M_TILES  // build-time knobs for tuning runs (benchmarks/NOTES.md)
+#define NF4_FR_M_TILES 2
+#endif
+#ifndef NF4_FR_DEPTH
+#define NF4_FR_DEPTH 3
+#endif
+#ifndef NF4_FR_MAX_X_ROWS  // kOrMaxXRows turns the path off (tuning builds time the tensor-core kernel instead)
+#define NF4_FR_MAX_X_ROWS 16
+#endif
+constexpr int kFrMTiles = NF4_FR_M_TILES;
+constexpr int kFrRows = kTcMmaRows * kFrMTiles;  // W rows per tile
+constexpr int kFrRowSlots = 2 * kFrMTiles;       // the lane's tile rows g + 8i
+constexpr int kFrDepth = NF4_FR_DEPTH;           // steps loaded ahead
+constexpr int kFrRing = kFrDepth + 1;            // one slot more: a step is decoded from its slot, then refilled
+constexpr int kFrStep = 64;                      // K elements per step
+constexpr int kFrStepBytes = kFrStep / 2;        // packed bytes per W row per step
+constexpr int kFrWarps = 16;                     // warps per CTA, one CTA per SM (they share one table)
+constexpr int kFrMinStepsPerWarp = 8;
+constexpr int kFrMinXRows = kOrMaxXRows + 1;     // fewer rows take the one-row kernel where it applies
+constexpr int kFrMaxXRows = NF4_FR_MAX_X_ROWS;
+static_assert(kFrMTiles >= 1 && kFrMTiles <= 2, "NF4_FR_M_TILES: 1 or 2 (a lane's parts fill 16 table halves)");
+static_assert(kFrMaxXRows <= kTensorCoreGemvLaunchRows, "NF4_FR_MAX_X_ROWS: at most two n-tiles");
+
+// Requirements (few_rows_gemv_applies): those of tensor_core_gemv_applies, plain absmax, K % blocksize == 0,
+// 8 * (kNTiles - 1) < x_rows <= 8 * kNTiles, at least one step per warp.
+template <typename T, int kNTiles>
+__global__ void __launch_bounds__(kFrWarps * 32, 1)
+    few_rows_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
+                         QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
+                         const T* __restrict__ bias, T* __restrict__ out) {
+  static_assert(!MmaOperand<T>::kSplit, "the parts use the table entries' last 128 bytes");
+  constexpr int kSums = kFrMTiles * kNTiles * 4;  // a lane's sums of a tile
+  static_assert(kFrWarps * kSums <= 256, "a warp's part of a tile fills kSums table entries' halves");
+  let_next_kernel_start();
+  extern __shared__ __align__(16) uint8_t fr_lut[];
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int steps = static_cast<int>(cols / kFrStep);  // per tile
+  const int64_t row_bytes = cols / 2;
+  const int64_t row_scales = cols >> blocksize_log2;  // whole blocks per W row (the host's rule)
+  const CtaRows cta = cta_rows(blockIdx.x, gridDim.x, rows);
+  const int cta_row_count = static_cast<int>(cta.end - cta.first);
+  packed += cta.first * row_bytes;
+  absmax += cta.first * row_scales;
+  out += cta.first;
+  if (bias != nullptr) bias += cta.first;
+  const int64_t total = int64_t{(cta_row_count + kFrRows - 1) / kFrRows} * steps;  // the CTA's (tile, step)s
+  const int warp = warp_in_cta();
+  const WarpTurns mine = warp_turns(warp, kFrWarps, total);
+  const int count = static_cast<int>(mine.end - mine.first);  // this warp's steps, >= 1 (the host's rule)
+  const int first_tile = static_cast<int>(mine.first / steps);
+  const int first_s = static_cast<int>(mine.first - int64_t{first_tile} * steps);
+  // As in the one-row kernel: the shared tile this warp adds at the CTA's end (-1: none), by its first sharer's slot.
+  int merge_from = -1;
+  if (first_s != 0) {
+    const int64_t tile_first = int64_t{first_tile} * steps;
+    if (warp_of_turn(tile_first + steps - 1, kFrWarps, total) == warp) {
+      merge_from = static_cast<int>(first_sharer_slot(tile_first, kFrWarps, total));
+    }
+  }
+#if NF4_PREFETCH_BEFORE_WAIT
+  // While the previous kernel finishes, L2 is asked for the lines of the warp's first steps: lane l row l of its
+  // first tile (4 steps per 128-byte line).
+  if (lane < kFrRows && first_tile * kFrRows + lane < cta_row_count) {
+    prefetch_l2(packed + (first_tile * kFrRows + lane) * row_bytes + int64_t{first_s} * kFrStepBytes);
+  }
+#endif
+  fill_code_pair_table<T>(fr_lut, quant_type);  // no global memory: before the wait
+  wait_for_previous_kernels();
+  {
+    // ptxas then keeps the global memory descriptor in uniform registers (one_row_gemv_kernel says why)
+    uint32_t unused;
+    asm volatile("ld.volatile.global.b32 %0, [%1];" : "=r"(unused) : "l"(x));
+  }
+
+  // The load cursor: the step the next loads are for, the lane's weight bytes of tile row g, and row g's scales.
+  int load_tile = first_tile;
+  int load_s = first_s;
+  const uint8_t* load_weight = nullptr;
+  const float* load_row_scales = nullptr;
+  int load_rows = 0;  // the tile's rows in the CTA's range (the last tile's others load as zeros)
+  const auto seek = [&] {
+    const int first_row = load_tile * kFrRows;
+    load_weight = packed + (first_row + g) * row_bytes + int64_t{load_s} * kFrStepBytes + 8 * t;
+    load_row_scales = absmax + (first_row + g) * row_scales;
+    load_rows = min(cta_row_count - first_row, kFrRows);
+  };
+  const auto load_step = [&](uint2(&weights)[kFrRowSlots], float(&scales)[kFrRowSlots]) {
+    const uint8_t* weight = load_weight;
+    const float* scale = load_row_scales + ((int64_t{load_s} * kFrStep) >> blocksize_log2);
+    // scales through L1: a row's next steps share its 32-byte sector (8 blocks of 64)
+    if (load_rows == kFrRows) {
+#pragma unroll
+      for (int i = 0; i < kFrRowSlots; ++i) {
+        weights[i] = load_once_8(weight), scales[i] = __ldg(scale);
+        weight += 8 * row_bytes, scale += 8 * row_scales;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kFrRowSlots; ++i) {
+        if (g + 8 * i < load_rows) {
+          weights[i] = load_once_8(weight), scales[i] = __ldg(scale);
+        } else {  // past the CTA's rows: zeros (outputs dropped)
+          weights[i] = make_uint2(0, 0), scales[i] = 0.0f;
+        }
+        weight += 8 * row_bytes, scale += 8 * row_scales;
+      }
+    }
+    load_weight += kFrStepBytes;
+    if (++load_s == steps) load_s = 0, ++load_tile, seek();
+  };
+  seek();
+  uint2 ring_weights[kFrRing][kFrRowSlots];  // slot d holds steps d, d + kFrRing, ... (unrolled indices only)
+  float ring_scales[kFrRing][kFrRowSlots];
+#pragma unroll
+  for (int d = 0; d < kFrRing; ++d) {
+    if (d < count) load_step(ring_weights[d], ring_scales[d]);
+  }
+  __syncthreads();  // the table
+
+  const uint32_t lut = __shfl_sync(0xFFFFFFFFu, static_cast<uint32_t>(__cvta_generic_to_shared(fr_lut)), 0);
+  const uint32_t lane4 = 4 * lane;
+  // x rows g (n-tile 0) and 8 + g (n-tile 1, clamped to the last row); with one n-tile a lane whose row g is past
+  // the last loads nothing. Outputs of rows past the last are dropped.
+  const XRows x_lane_rows{g < x_rows, kNTiles == 2 ? int64_t{min(8 + g, x_rows - 1) - g} * cols : 0};
+  const T* x_lane = x + int64_t{min(g, x_rows - 1)} * cols + 16 * t;
+  float acc[kFrMTiles][kNTiles][4] = {};
+  // Part word i of warp w's slot (0: its first tile, the entries' last 128 bytes; 1: its last, the first 128).
+  float* parts = reinterpret_cast<float*>(fr_lut);
+  const auto part_index = [&](int w, int slot, int i) {
+    return ((w * kSums + i) * kCodePairEntryBytes + (slot == 0 ? 128 : 0)) / 4 + lane;
+  };
+  const auto write_output = [&](int tile_index, int mt, int nt, int i, float sum) {
+    const auto [m, r] = acc_position(mt, nt, i, g, t);
+    const int n = tile_index * kFrRows + r;
+    if (m < x_rows && n < cta_row_count) {
+      out[int64_t{m} * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+    }
+  };
+  int tile = first_tile;
+  int s = first_s;
+  bool from_tile_start = s == 0;
+  for (int q0 = 0; q0 < count; q0 += kFrRing) {
+#pragma unroll
+    for (int d = 0; d < kFrRing; ++d) {
+      const int q = q0 + d;
+      if (q >= count) break;
+      uint2 w_lo[kFrMTiles], w_hi[kFrMTiles];
+      float scale_lo[kFrMTiles], scale_hi[kFrMTiles];
+#pragma unroll
+      for (int mt = 0; mt < kFrMTiles; ++mt) {
+        w_lo[mt] = ring_weights[d][2 * mt], w_hi[mt] = ring_weights[d][2 * mt + 1];
+        scale_lo[mt] = ring_scales[d][2 * mt], scale_hi[mt] = ring_scales[d][2 * mt + 1];
+      }
+      tc_gemv_step<T, kFrMTiles, kNTiles>(w_lo, w_hi, scale_lo, scale_hi, x_lane + int64_t{s} * kFrStep, x_lane_rows,
+                                          lut, lane4, acc);
+      if (q + kFrRing < count) load_step(ring_weights[d], ring_scales[d]);  // the slot is decoded: refill it
+      // The warp leaves `tile`: a tile it took whole goes to `out`; its part of its first tile to slot 0 now; its
+      // part of its last tile stays in acc until every warp has finished (slot 1, below).
+      if (s + 1 == steps || q + 1 == count) {
+        const bool whole = from_tile_start && s + 1 == steps;
+        if (whole || tile == first_tile) {
+#pragma unroll
+          for (int mt = 0; mt < kFrMTiles; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                if (whole) {
+                  write_output(tile, mt, nt, i, acc[mt][nt][i]);
+                } else {
+                  parts[part_index(warp, 0, (mt * kNTiles + nt) * 4 + i)] = acc[mt][nt][i];
+                }
+                acc[mt][nt][i] = 0.0f;
+              }
+            }
+          }
+        }
+      }
+      if (++s == steps) s = 0, ++tile, from_tile_start = true;
+    }
+  }
+
+  __syncthreads();  // every warp has decoded its last step: the table's first halves take the last-tile parts
+#pragma unroll
+  for (int mt = 0; mt < kFrMTiles; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) parts[part_index(warp, 1, (mt * kNTiles + nt) * 4 + i)] = acc[mt][nt][i];
+    }
+  }
+  __syncthreads();
+  if (merge_from >= 0) {  // the shared tile this warp adds, in warp order (the same bits on every run)
+#pragma unroll
+    for (int mt = 0; mt < kFrMTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int word = (mt * kNTiles + nt) * 4 + i;
+          float sum = parts[part_index(merge_from / 2, merge_from % 2, word)];
+          for (int w = merge_from / 2 + 1; w <= warp; ++w) sum += parts[part_index(w, 0, word)];
+          write_output(first_tile, mt, nt, i, sum);
+        }
+      }
+    }
+  }
+}
+
 // Whether the tensor-core kernel's layout fits this call, whatever x's dtype: it needs whole 256-element turns
 // (so a turn never straddles a row, and its absmax blocks are one copy), 16-byte weight copies and x loads,
 // 16-byte absmax copies (4-byte copies of nested codes, a nested block of at least one turn's 4 blocks), and its
@@ -1309,6 +1535,34 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
   }
 }
 
+// Whether the few-rows kernel takes a call of x_rows rows of fp16 / bf16 x that the tensor-core kernel's layout fits
+// and the one-row kernel does not take: kFrMinXRows to kFrMaxXRows rows, plain absmax, W rows that start on absmax
+// block boundaries (K % blocksize == 0: the scale addresses step by whole rows of blocks), and kFrMinStepsPerWarp
+// steps for every warp of the CTA with the fewest rows (one CTA per SM).
+bool few_rows_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols) {
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const int64_t fewest_rows = rows / sms;  // per CTA
+  return x_rows >= kFrMinXRows && x_rows <= kFrMaxXRows && !scales.nested() &&
+         cols % (int64_t{1} << blocksize_log2) == 0 &&
+         (fewest_rows + kFrRows - 1) / kFrRows * (cols / kFrStep) >= int64_t{kFrMinStepsPerWarp} * kFrWarps;
+}
+
+template <typename T>
+void launch_few_rows_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
+                          int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT(x_rows >= 1 && x_rows <= 16 && !scales.nested());
+  const int grid = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // few_rows_gemv_applies' CTAs
+  const auto launch = [&](auto n_tiles_constant) {
+    constexpr int kNTiles = decltype(n_tiles_constant)::value;
+    const auto kernel = few_rows_gemv_kernel<T, kNTiles>;
+    static std::atomic<int64_t> resident[64] = {};  // one cache per instance
+    prepare_kernel(resident, kernel, kFrWarps * 32, kCodePairTableBytes);
+    launch_kernel(kernel, dim3(grid), kFrWarps * 32, kCodePairTableBytes, stream, 1, x, packed, scales.absmax,
+                  spec.quant_type, spec.blocksize_log2, rows, cols, static_cast<int>(x_rows), bias, out);
+  };
+  x_rows <= 8 ? launch(std::integral_constant<int, 1>{}) : launch(std::integral_constant<int, 2>{});
+}
+
 template <typename T>
 void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
@@ -1431,6 +1685,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
       if (tensor_cores) {
         if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
           launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
+        } else if (few_rows_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols)) {
+          launch_few_rows_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
         } else {
           launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, out, stream);
         }
