@@ -160,18 +160,14 @@ def wide_tile_shape(whole_tiles: bool) -> tuple[int, int]:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize(
     "whole_tiles, nested, rows",
-    [(False, False, 9), (False, False, 16), (False, True, 9), (False, True, 16), (True, True, 16)],
-    ids=["shared-plain-M9", "shared-plain-M16", "shared-nested-M9", "shared-nested-M16", "whole-nested-M16"],
+    [(False, False, 9), (False, False, 16), (False, True, 9), (False, True, 16), (True, False, 16)],
+    ids=["shared-plain-M9", "shared-plain-M16", "shared-nested-M9", "shared-nested-M16", "whole-plain-M16"],
 )
 def test_gemv_wide_tiles(whole_tiles, nested, rows):
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 212 * 1024:
         pytest.skip("the 32-row-tile kernel needs 212 KB of shared memory per block")
     shape = wide_tile_shape(whole_tiles)
-    # plain absmax in blocks of 4096, which span rows at K = 17152: the few-rows kernel, which takes plain absmax
-    # on such layers otherwise, leaves these to the tensor-core kernel
-    blocksize = 256 if nested else 4096
-    assert not few_rows_kernel_takes(shape, blocksize, nested, rows)
-    packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
+    packed, args = weight_on("cuda", shape, "nf4", 256 if nested else 64, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
@@ -306,7 +302,7 @@ def test_gemv_one_row_kernel(case):
 def check_one_row_x_rows(shape, packed, args, dtype, bias):
     """Several rows of fp16 / bf16 x on a W the one-row kernel takes: up to ONE_ROW_MAX_X_ROWS rows take one launch
     of it, which decodes each step once for all of them, each row the same bits as that row alone; a row more
-    takes the few-rows kernel where it applies, else the tensor-core kernel."""
+    takes the tensor-core kernel."""
     for rows in range(2, ONE_ROW_MAX_X_ROWS + 2):
         # x is followed in memory by NaNs, so a read past its last row would turn outputs into NaNs
         buffer = torch.full((rows * shape[1] + 64,), float("nan"), dtype=dtype, device="cuda")
@@ -316,7 +312,7 @@ def check_one_row_x_rows(shape, packed, args, dtype, bias):
             out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
-        kernel = "one_row_gemv_kernel" if rows <= ONE_ROW_MAX_X_ROWS else few_rows_or_tc_kernel(shape, args, rows)
+        kernel = "one_row_gemv_kernel" if rows <= ONE_ROW_MAX_X_ROWS else "tc_gemv_kernel"
         assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
         assert_gemv_close(out, x, packed, args, bias)
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
@@ -344,105 +340,6 @@ def test_gemv_two_rows_limit_by_size(rows_of_w, one_row_anywhere):
     one_row = one_row_anywhere or not has_fast_memory()
     kernel = "one_row_gemv_kernel" if one_row else "tc_gemv_kernel"
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
-    assert_gemv_close(out, x, packed, args)
-
-
-# The few-rows kernel's tiling (csrc/gemv.cu: kFrRows, kFrStep, kFrMinStepsPerWarp, kFrWarps), which the shapes below
-# are built from, and the rows of fp16 / bf16 x it takes (kFrMinXRows .. kFrMaxXRows).
-FEW_ROWS_TILE_ROWS, FEW_ROWS_STEP, FEW_ROWS_MIN_STEPS_PER_WARP, FEW_ROWS_WARPS = 32, 64, 8, 16
-FEW_ROWS_X_ROWS = range(ONE_ROW_MAX_X_ROWS + 1, 17)
-
-
-def few_rows_kernel_takes(shape: tuple[int, int], blocksize: int, nested: bool, rows: int) -> bool:
-    """Whether `rows` rows of fp16 / bf16 x on this W take the few-rows kernel (csrc/gemv.cu few_rows_gemv_applies,
-    on this GPU's SM count), given that the tensor-core kernel's layout fits (K % 256 == 0) and the one-row kernel
-    does not take them."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    n, k = shape
-    steps = -(-(n // sms) // FEW_ROWS_TILE_ROWS) * (k // FEW_ROWS_STEP)
-    return (rows in FEW_ROWS_X_ROWS and not nested and k % blocksize == 0
-            and steps >= FEW_ROWS_MIN_STEPS_PER_WARP * FEW_ROWS_WARPS)  # fmt: skip
-
-
-def few_rows_or_tc_kernel(shape: tuple[int, int], args: dict, rows: int) -> str:
-    """The kernel that 3-16 rows of fp16 / bf16 x take on a W whose layout the tensor-core kernel fits."""
-    nested = args.get("nested_absmax") is not None
-    return "few_rows_gemv_kernel" if few_rows_kernel_takes(shape, args["blocksize"], nested, rows) else "tc_gemv_kernel"
-
-
-def few_rows_shape(steps: int, steps_per_warp: int) -> tuple[int, int]:
-    """A weight that the few-rows kernel takes (K = 64 * steps, a multiple of 256; one CTA of 16 warps per SM), with
-    about `steps_per_warp` steps per warp and a last tile of 27 or 28 rows in each CTA (rows past the CTA's end
-    load as zeros; its last m-tile holds 11-12 rows)."""
-    assert steps % 4 == 0 and steps_per_warp >= FEW_ROWS_MIN_STEPS_PER_WARP
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tiles_per_cta = -(-steps_per_warp * FEW_ROWS_WARPS // steps)
-    return (FEW_ROWS_TILE_ROWS * tiles_per_cta - 5) * sms + 7, FEW_ROWS_STEP * steps
-
-
-# (steps per tile, blocksize, quant_type, dtype, bias, steps per warp): tiles of fewer steps than a warp's run (its
-# runs then cross tiles, taking some whole and sharing others) and of more (every tile shared by 2-3 warps), odd
-# and even runs, so runs end on any slot of the load ring; every blocksize (one block per step, one per 2, 4 and 8
-# steps, and one per row), and the kernel's minimum of 8 steps per warp. Each at 3, 8, 9 and 16 rows of x (its two
-# instances at their fewest and most rows).
-FEW_ROWS_CASES = [
-    (132, 64, "nf4", torch.bfloat16, True, 8),
-    (36, 128, "fp4", torch.float16, False, 8),
-    (20, 256, "nf4", torch.bfloat16, True, 13),
-    (64, 4096, "nf4", torch.float16, True, 8),
-    (128, 1024, "fp4", torch.bfloat16, False, 10),
-    (8, 512, "nf4", torch.float16, True, 24),
-    (4, 64, "nf4", torch.bfloat16, False, 9),
-]
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize(
-    "case", FEW_ROWS_CASES, ids=lambda c: f"steps{c[0]}-bs{c[1]}-{c[2]}-{dtype_id(c[3])}-{c[5]}perwarp"
-)
-def test_gemv_few_rows_kernel(case):
-    """3-16 rows of fp16 / bf16 x on a W the few-rows kernel takes: one launch of it (no second kernel: a CTA adds
-    the parts of the tiles its warps share), within the tolerance rule, the same bits on every run; x is followed in
-    memory by NaNs, so a read past its last row would turn outputs into NaNs."""
-    steps, blocksize, quant_type, dtype, with_bias, steps_per_warp = case
-    shape = few_rows_shape(steps, steps_per_warp)
-    quantized = bnb_quantize(shape, quant_type, blocksize, False, device="cuda" if bnb_cuda_works() else "cpu")
-    packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
-    bias = random_x((shape[0],), dtype, "cuda", seed=7) if with_bias else None
-    for rows in (3, 8, 9, 16):
-        assert few_rows_kernel_takes(shape, blocksize, False, rows)
-        buffer = torch.full((rows * shape[1] + 64,), float("nan"), dtype=dtype, device="cuda")
-        x = buffer[: rows * shape[1]].view(rows, shape[1])
-        x.copy_(random_x((rows, shape[1]), dtype, "cuda", seed=rows))
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-            out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
-            torch.cuda.synchronize()
-        names = [event.name for event in profile.events()]
-        assert sum("few_rows_gemv_kernel" in name for name in names) == 1, names
-        assert sum("gemv_kernel" in name or "parts_kernel" in name for name in names) == 1, names
-        assert_gemv_close(out, x, packed, args, bias)
-        assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
-
-
-# Where the few-rows kernel does not apply, 3-16 rows take the tensor-core kernel: nested absmax, blocks that span
-# rows (K % blocksize != 0), too few steps per warp.
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize(
-    "shape_of, blocksize, nested",
-    [(lambda: few_rows_shape(36, 8), 64, True), (lambda: few_rows_shape(68, 8), 512, False),
-     (lambda: (few_rows_shape(36, 8)[0] // 2, 64 * 36), 64, False)],
-    ids=["nested", "blocks-span-rows", "too-few-steps"],
-)  # fmt: skip
-def test_gemv_few_rows_kernel_declines(shape_of, blocksize, nested):
-    shape = shape_of()
-    packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
-    x = random_x((5, shape[1]), torch.bfloat16, "cuda")
-    assert not few_rows_kernel_takes(shape, blocksize, nested, 5)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        out = torch.ops.nf4.gemv(x, packed, **args)
-        torch.cuda.synchronize()
-    names = [event.name for event in profile.events()]
-    assert sum("tc_gemv_kernel" in name for name in names) == 1, names
     assert_gemv_close(out, x, packed, args)
 
 
@@ -584,7 +481,6 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
 # on the other shapes: on this one their last rows go apart), 80 the third (16 last rows, too many to go apart), 32
 # fills one, 64 two and 96 three; past the limit, dequantize + cuBLAS. name: (shape, blocksize, the limit, the limit
 # on fast memory, the most last rows that take a launch of their own).
-LAUNCH_KERNELS = ("tc_gemv_kernel", "one_row_gemv_kernel", "few_rows_gemv_kernel")  # of up to 16 rows of x
 MANY_ROWS_SHAPES = {
     "whole_tiles": ((128 * 6 - 40, 512), 64, 32, 32, 0),
     "shared_tiles": ((300, 256 * 21), 128, 32, 32, 0),
@@ -612,7 +508,7 @@ def test_gemv_many_rows(shape_name, nested, dtype):
         takes = rows <= max_rows
         assert sum("many_rows_gemv_kernel" in name for name in names) == takes, (rows, names)
         tail = rows % 32 if takes and rows > 32 and rows % 32 <= max_tail_rows else 0
-        launches = sum(kernel in name for name in names for kernel in LAUNCH_KERNELS)
+        launches = sum("tc_gemv_kernel" in name or "one_row_gemv_kernel" in name for name in names)
         if not takes:  # past the limit: dequantize + cuBLAS
             assert launches == 0 and any("dequantize" in name for name in names), names
         else:
@@ -629,16 +525,14 @@ def test_gemv_many_rows(shape_name, nested, dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize(
-    "rows, k", [(1, 4096), (8, 4096), (24, 4096), (12, 8192)], ids=["M1", "M8", "M24", "M12-K8192"]
-)  # one-row, tensor-core, many-rows kernels, and (first gemv) the few-rows kernel
-def test_back_to_back_calls_see_what_the_call_before_did(rows, k):
+@pytest.mark.parametrize("rows", [1, 8, 24], ids=lambda m: f"M{m}")  # one-row, tensor-core, many-rows kernels
+def test_back_to_back_calls_see_what_the_call_before_did(rows):
     """On sm_90 a kernel may start while the one before it finishes (programmatic dependent launch, csrc/cuda_types.cuh)
     and must touch no global memory until that one is done: calls queued back to back, each reading what the call
     before wrote or overwriting what it read, give the bits of the same calls made one at a time, and those are
     right. (The 4096 x 4096 weights are 8 MiB: 8 rows take the tensor-core kernel and its adding kernel, 24 the
-    many-rows kernel and its adding kernel, on an H100 and an H200 alike; at 12 rows the first, plain, 8192 x 8192
-    weight takes the few-rows kernel, the second, nested, the tensor-core kernel.)"""
+    many-rows kernel and its adding kernel, on an H100 and an H200 alike.)"""
+    k = 4096
     first_w, first_args = weight_on("cuda", (k, k), "nf4", 64, False)
     second_w, second_args = weight_on("cuda", (k, k), "fp4", 64, True)
     x_w, x_args = weight_on("cuda", (rows, k), "nf4", 64, False)  # dequantized over x once the first gemv read it
