@@ -775,7 +775,7 @@ static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 
 // one_row_gemv_max_x_rows. On an H100, 2 rows took 8-30% less time than on the tensor-core kernel; 4 rows (8 mmas
 // per row and step, 7 of 8 of their products off the diagonal) 6-14% more on the Llama layers (NOTES gemv row 79).
 #ifndef NF4_OR_MAX_X_ROWS
-#define NF4_OR_MAX_X_ROWS 2
+#define NF4_OR_MAX_X_ROWS 3
 #endif
 constexpr int kOrMaxXRows = NF4_OR_MAX_X_ROWS;
 // The ring of steps in flight for several rows of x: each row's x words and sums take registers that one row's
@@ -1264,6 +1264,15 @@ int64_t one_row_fp32_max_rows(int64_t rows, int64_t cols) {
 #endif
 }
 
+// f(std::integral_constant<int, x_rows>{}) for 1 <= x_rows <= kMost: one instance per row count.
+template <int kMost, typename F>
+void with_x_rows(int64_t x_rows, F&& f) {
+  if constexpr (kMost > 1) {
+    if (x_rows < kMost) return with_x_rows<kMost - 1>(x_rows, f);
+  }
+  f(std::integral_constant<int, kMost>{});
+}
+
 // x_rows: up to kOrMaxXRows, decoded together; with split operands (fp32 x) 1, or up to kOneRowFp32RowLimits (ops.h)
 // taken one after another.
 template <typename T>
@@ -1301,11 +1310,8 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
   using OneXRow = std::integral_constant<int, 1>;
   if constexpr (MmaOperand<T>::kSplit) {
     x_rows > 1 ? with_nested(std::true_type{}, OneXRow{}) : with_nested(std::false_type{}, OneXRow{});
-  } else if constexpr (kOrMaxXRows == 1) {
-    with_nested(std::false_type{}, OneXRow{});
   } else {
-    using MaxXRows = std::integral_constant<int, kOrMaxXRows>;
-    x_rows == 1 ? with_nested(std::false_type{}, OneXRow{}) : with_nested(std::false_type{}, MaxXRows{});
+    with_x_rows<kOrMaxXRows>(x_rows, [&](auto x_rows_constant) { with_nested(std::false_type{}, x_rows_constant); });
   }
 }
 

@@ -137,7 +137,7 @@ constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
 //    rows 79 and 82): H100 (every paper layer, two passes each) 6-30% faster on all but Gemma's k/v (even: 6.68 us
 //    against 6.62); Llama's gate/up 51.9 us against 60.8.
 constexpr GemvRowLimit kOneRowXRowLimits[] = {
-    {0, 2},
+    {0, 3},
 };
 //    H200 (every paper layer, two passes each): 4-36% faster below 48 MiB of packed W (Gemma's q/o, Qwen's q/o,
 //    Llama's q/o and k/v) but for Gemma's k/v (6.6 us against 6.2); from 55 MiB 5-12% slower on the gate/up layers
@@ -145,7 +145,7 @@ constexpr GemvRowLimit kOneRowXRowLimits[] = {
 //    48 MiB one row (the H200 runs the one-row kernel's decode nearer its issue limit: one row reads 75% of the read
 //    ceiling there, 93% on the H100).
 constexpr GemvRowLimit kOneRowXRowLimitsFastMemory[] = {
-    {0, 2},
+    {0, 3},
     {48, 1},
 };
 

@@ -186,7 +186,7 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
 ONE_ROW_MIN_STEPS_PER_WARP_FP32 = 1  # kOrMinStepsPerWarpSplit: fp32 x has no tensor-core kernel to keep small layers
 ONE_ROW_NESTED_MAX_BLOCKS = 4096  # kOrNestedMaxBlocks: the nested absmax values a CTA holds in shared memory
-ONE_ROW_MAX_X_ROWS = 2  # kOrMaxXRows: rows of fp16 / bf16 x that the kernel decodes together (on W under 48 MiB)
+ONE_ROW_MAX_X_ROWS = 3  # kOrMaxXRows: rows of fp16 / bf16 x that the kernel decodes together (on W under 48 MiB)
 
 
 def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
