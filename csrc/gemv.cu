@@ -770,10 +770,10 @@ constexpr int kOrMinStepsPerWarpSplit = 1;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 // Rows of fp16 / bf16 x that one launch of the one-row kernel takes together: each step's weights are decoded once
 // (the byte permutes and table reads that bound the kernel) and feed one set of mmas per row of x, whose x loads,
-// mmas and scale FMAs are all that a row adds. One instance for 1 row and one for kOrMaxXRows (fewer rows take it
-// with the last row read again and its outputs dropped); which W take it, by size and memory class: ops.h
-// one_row_gemv_max_x_rows. On an H100, 2 rows took 8-30% less time than on the tensor-core kernel; 4 rows (8 mmas
-// per row and step, 7 of 8 of their products off the diagonal) 6-14% more on the Llama layers (NOTES gemv row 79).
+// mmas and scale FMAs are all that a row adds. One instance per row count up to kOrMaxXRows; which W take how many
+// rows, by size and memory class: ops.h one_row_gemv_max_x_rows. On an H100, 2 rows took 8-30% less time than on the
+// tensor-core kernel, 3 rows 2-20% less from 8 to 62.5 MiB of packed W; 4 rows (8 mmas per row and step, 7 of 8 of
+// their products off the diagonal) 6-14% more on the Llama layers (NOTES gemv rows 79 and 84).
 #ifndef NF4_OR_MAX_X_ROWS
 #define NF4_OR_MAX_X_ROWS 3
 #endif

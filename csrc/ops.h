@@ -132,20 +132,28 @@ constexpr GemvRowLimit kOneRowFp32RowLimits[] = {
 };
 
 //  - fp16 / bf16 x on CUDA where the one-row kernel takes it (csrc/gemv.cu, one_row_gemv_applies): up to these many
-//    rows (at most kOrMaxXRows, 2) take one launch of it that decodes each step once for all of them; more rows take
-//    the tensor-core kernel. Measured at 2 rows against the tensor-core kernel with 16 calls per graph (NOTES gemv
-//    rows 79 and 82): H100 (every paper layer, two passes each) 6-30% faster on all but Gemma's k/v (even: 6.68 us
-//    against 6.62); Llama's gate/up 51.9 us against 60.8.
+//    rows (at most kOrMaxXRows, 3) take one launch of it that decodes each step once for all of them; more rows take
+//    the tensor-core kernel. Measured against the tensor-core kernel with 16 calls per graph, every paper layer, two
+//    passes each, at 2 rows (NOTES gemv rows 79 and 82) and at 3 (row 84). H100: 2 rows 6-30% faster on all but
+//    Gemma's k/v (even: 6.68 us against 6.62; Llama's gate/up 51.9 us against 60.8); 3 rows 18-20% faster on Gemma's
+//    q/o (10.5 MiB packed: 10.8 us against 13.5), 8-11% on Qwen's q/o (20 MiB), 2-5% from Llama's q/o (32 MiB) to
+//    Qwen's gate/up and down (62.5 MiB), but 5-14% slower on the k/v layers (4-5.25 MiB: Gemma's 7.6 us against 6.6)
+//    and 3-8% on Llama's gate/up and down (112 MiB: 66.8 us against 61.7 on down).
 constexpr GemvRowLimit kOneRowXRowLimits[] = {
-    {0, 3},
+    {0, 2},
+    {8, 3},
+    {100, 2},
 };
-//    H200 (every paper layer, two passes each): 4-36% faster below 48 MiB of packed W (Gemma's q/o, Qwen's q/o,
-//    Llama's q/o and k/v) but for Gemma's k/v (6.6 us against 6.2); from 55 MiB 5-12% slower on the gate/up layers
-//    and Llama's down (50.2 us against 45.5 on Llama's gate/up) and 6% faster on Gemma's and Qwen's down, so from
-//    48 MiB one row (the H200 runs the one-row kernel's decode nearer its issue limit: one row reads 75% of the read
-//    ceiling there, 93% on the H100).
+//    H200: 2 rows 4-36% faster below 48 MiB of packed W (Gemma's q/o, Qwen's q/o, Llama's q/o and k/v) but for
+//    Gemma's k/v (6.6 us against 6.2); from 55 MiB 5-12% slower on the gate/up layers and Llama's down (50.2 us
+//    against 45.5 on Llama's gate/up) and 6% faster on Gemma's and Qwen's down, so from 48 MiB one row (the H200 runs
+//    the one-row kernel's decode nearer its issue limit: one row reads 75% of the read ceiling there, 93% on the
+//    H100). 3 rows 18-19% faster on Gemma's q/o and 5-8% on Qwen's q/o, but 11% slower on Llama's q/o (32 MiB: 22.2
+//    us against 20.0) and 6-18% on the k/v layers.
 constexpr GemvRowLimit kOneRowXRowLimitsFastMemory[] = {
-    {0, 3},
+    {0, 2},
+    {8, 3},
+    {32, 2},
     {48, 1},
 };
 

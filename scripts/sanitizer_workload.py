@@ -85,8 +85,9 @@ def main():
     # zeros), tiles shared by two or three warps of a CTA; the same with each row's last step a half step
     # (K % 512 == 256), whose upper lanes must read nothing past W's and x's rows; and 2 tiles per CTA (2-3 steps
     # per warp: runs shorter than the ring); and 1 tile per CTA (1-2 steps per warp: fp32 x only, bf16 x takes the
-    # tensor-core kernel there). Each with bf16 x (1 row, 2 rows decoded together: csrc/gemv.cu kOrMaxXRows, and 3,
-    # the tensor-core kernel) and with fp32 x (split into bf16 parts), and 3 rows of fp32 x (one
+    # tensor-core kernel there). Each with bf16 x (1 row, and 2 and 3 rows decoded together where csrc/ops.h's
+    # kOneRowXRowLimits allow: 3 on the 16.5 MiB W, 2 on the 3.3 MiB one, whose 3 rows take the tensor-core kernel)
+    # and with fp32 x (split into bf16 parts), and 3 rows of fp32 x (one
     # launch that takes the rows one after another: csrc/ops.h kOneRowFp32RowLimits); and each with nested absmax
     # (its codes turned into scales from shared-memory tables: csrc/gemv.cu kOrNestedMaxBlocks).
     for tiles_per_cta, one_row_k in ((8, 512 * 17), (8, 512 * 17 - 256), (2, 512 * 17), (1, 512 * 17)):

@@ -186,7 +186,21 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
 ONE_ROW_MIN_STEPS_PER_WARP_FP32 = 1  # kOrMinStepsPerWarpSplit: fp32 x has no tensor-core kernel to keep small layers
 ONE_ROW_NESTED_MAX_BLOCKS = 4096  # kOrNestedMaxBlocks: the nested absmax values a CTA holds in shared memory
-ONE_ROW_MAX_X_ROWS = 3  # kOrMaxXRows: rows of fp16 / bf16 x that the kernel decodes together (on W under 48 MiB)
+ONE_ROW_MAX_X_ROWS = 3  # kOrMaxXRows: the most rows of fp16 / bf16 x that the kernel decodes together
+# csrc/ops.h kOneRowXRowLimits (memory below 4 TB/s) and kOneRowXRowLimitsFastMemory: (from this many MiB of packed W,
+# up to this many rows of fp16 / bf16 x) take one launch of the one-row kernel where it takes one row.
+ONE_ROW_X_ROW_LIMITS = [(0, 2), (8, 3), (100, 2)]
+ONE_ROW_X_ROW_LIMITS_FAST_MEMORY = [(0, 2), (8, 3), (32, 2), (48, 1)]
+
+
+def one_row_max_x_rows(shape: tuple[int, int]) -> int:
+    """The most rows of fp16 / bf16 x that one launch of the one-row kernel takes on this W on this GPU (csrc/ops.h
+    one_row_gemv_max_x_rows), on a W where it takes one row."""
+    packed_mib = shape[0] * shape[1] // 2 // 2**20
+    limits = ONE_ROW_X_ROW_LIMITS_FAST_MEMORY if has_fast_memory() else ONE_ROW_X_ROW_LIMITS
+    rows = [max_rows for min_mib, max_rows in limits if packed_mib >= min_mib][-1]
+    assert rows <= ONE_ROW_MAX_X_ROWS
+    return rows
 
 
 def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
@@ -300,10 +314,11 @@ def test_gemv_one_row_kernel(case):
 
 
 def check_one_row_x_rows(shape, packed, args, dtype, bias):
-    """Several rows of fp16 / bf16 x on a W the one-row kernel takes: up to ONE_ROW_MAX_X_ROWS rows take one launch
-    of it, which decodes each step once for all of them, each row the same bits as that row alone; a row more
-    takes the tensor-core kernel."""
-    for rows in range(2, ONE_ROW_MAX_X_ROWS + 2):
+    """Several rows of fp16 / bf16 x on a W the one-row kernel takes: up to one_row_max_x_rows rows (by W's size) take
+    one launch of it, which decodes each step once for all of them, each row the same bits as that row alone; a row
+    more takes the tensor-core kernel."""
+    max_rows = one_row_max_x_rows(shape)
+    for rows in range(2, max_rows + 2):
         # x is followed in memory by NaNs, so a read past its last row would turn outputs into NaNs
         buffer = torch.full((rows * shape[1] + 64,), float("nan"), dtype=dtype, device="cuda")
         x = buffer[: rows * shape[1]].view(rows, shape[1])
@@ -312,35 +327,39 @@ def check_one_row_x_rows(shape, packed, args, dtype, bias):
             out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
-        kernel = "one_row_gemv_kernel" if rows <= ONE_ROW_MAX_X_ROWS else "tc_gemv_kernel"
+        kernel = "one_row_gemv_kernel" if rows <= max_rows else "tc_gemv_kernel"
         assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
         assert_gemv_close(out, x, packed, args, bias)
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
-        if rows <= ONE_ROW_MAX_X_ROWS:
+        if rows <= max_rows:
             for row in range(rows):
                 alone = torch.ops.nf4.gemv(x[row : row + 1], packed, bias=bias, **args)
                 assert torch.equal(out[row], alone[0]), f"row {row} of {rows}"
 
 
-# csrc/ops.h kOneRowXRowLimits and kOneRowXRowLimitsFastMemory: 2 rows of fp16 / bf16 x take the one-row kernel on any
-# W it takes below 48 MiB packed, and from 48 MiB only on memory slower than 4 TB/s (an H200 takes the tensor-core
-# kernel there). Two weights on either side (47 and 48 MiB packed, K = 8192).
+# csrc/ops.h kOneRowXRowLimits and kOneRowXRowLimitsFastMemory, at each of their sizes: 2 and 3 rows of fp16 / bf16 x
+# on weights just below and at each limit's size (K = 8192) take the one-row kernel up to one_row_max_x_rows rows,
+# else the tensor-core kernel.
+X_ROW_LIMIT_SIZES_MIB = sorted({mib + d for mib, _ in ONE_ROW_X_ROW_LIMITS + ONE_ROW_X_ROW_LIMITS_FAST_MEMORY
+                                for d in (-1, 0) if mib > 0})  # fmt: skip
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
-@pytest.mark.parametrize("rows_of_w, one_row_anywhere", [(47 * 256, True), (48 * 256, False)], ids=["47MiB", "48MiB"])
-def test_gemv_two_rows_limit_by_size(rows_of_w, one_row_anywhere):
-    shape = (rows_of_w, 8192)
-    assert shape[0] * shape[1] // 2 // 2**20 == rows_of_w // 256 and one_row_kernel_takes(shape, 64, False)
+@pytest.mark.parametrize("packed_mib", X_ROW_LIMIT_SIZES_MIB, ids=lambda mib: f"{mib}MiB")
+def test_gemv_x_rows_limit_by_size(packed_mib):
+    shape = (packed_mib * 256, 8192)
+    assert shape[0] * shape[1] // 2 // 2**20 == packed_mib and one_row_kernel_takes(shape, 64, False)
     quantized = bnb_quantize(shape, "nf4", 64, False, device="cuda" if bnb_cuda_works() else "cpu")
     packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
-    x = random_x((2, shape[1]), torch.bfloat16, "cuda")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        out = torch.ops.nf4.gemv(x, packed, **args)
-        torch.cuda.synchronize()
-    names = [event.name for event in profile.events()]
-    one_row = one_row_anywhere or not has_fast_memory()
-    kernel = "one_row_gemv_kernel" if one_row else "tc_gemv_kernel"
-    assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
-    assert_gemv_close(out, x, packed, args)
+    for rows in (2, 3):
+        x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out = torch.ops.nf4.gemv(x, packed, **args)
+            torch.cuda.synchronize()
+        names = [event.name for event in profile.events()]
+        kernel = "one_row_gemv_kernel" if rows <= one_row_max_x_rows(shape) else "tc_gemv_kernel"
+        assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
+        assert_gemv_close(out, x, packed, args)
 
 
 # csrc/ops.h kOneRowFp32RowLimits: fp32 x on a W that the one-row kernel takes runs one launch of it that takes the
@@ -403,8 +422,8 @@ ONE_ROW_NESTED_CASES = [
 )
 def test_gemv_nested_one_row(case, nested_blocksize):
     """Nested absmax on the one-row kernel (its codes loaded with the weights, turned into scales from shared-memory
-    tables: csrc/gemv.cu kOrNestedMaxBlocks), at one row and at 3 for fp32 x (rows one after another) or 2 for
-    fp16 / bf16 x (decoded together, kOrMaxXRows): within the tolerance rule, each row
+    tables: csrc/gemv.cu kOrNestedMaxBlocks), at one row and at 3 for fp32 x (rows one after another) or the most
+    rows of fp16 / bf16 x decoded together on this W (one_row_max_x_rows): within the tolerance rule, each row
     the same bits as that row alone and on every run, and the same bits as the one-row kernel on the plain absmax
     that the nested values stand for (nf4_ops.reference.absmax_reference: bitsandbytes' nested math, two roundings,
     as dequantize's)."""
@@ -425,7 +444,7 @@ def test_gemv_nested_one_row(case, nested_blocksize):
     plain_absmax = absmax_reference(args["absmax"], args["nested_absmax"], args["nested_code"], args["nested_offset"],
                                     args["nested_blocksize"])
     plain_args = {name: args[name] for name in ("blocksize", "quant_type", "shape")} | {"absmax": plain_absmax}
-    for rows in (1, 3) if dtype == torch.float32 else (1, ONE_ROW_MAX_X_ROWS):
+    for rows in (1, 3) if dtype == torch.float32 else (1, one_row_max_x_rows(shape)):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             out = torch.ops.nf4.gemv(x[:rows], packed, bias=bias, **args)
             torch.cuda.synchronize()
