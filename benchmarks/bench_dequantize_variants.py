@@ -69,8 +69,10 @@ def bench(layer: bk.Layer, variant: Variant) -> dict[str, float]:
     quantized = [bnbf.quantize_4bit(weight, blocksize=variant.blocksize, compress_statistics=variant.nested,
                                     quant_type=variant.quant_type)
                  for _ in range(bk.copies_for(variant.moved_bytes(layer.n, layer.k)))]  # fmt: skip
-    ours = bk.graph_median_us(lambda p, s: nf4_ops.dequantize(p, s, variant.dtype), quantized)
-    theirs = bk.graph_median_us(lambda p, s: bnbf.dequantize_4bit(p, s), quantized)  # quant_state.dtype: variant's
+    with_outputs = bk.dequantize_inputs(quantized, layer, variant.dtype)  # outputs rotated with the inputs
+    ours = bk.graph_median_us(lambda p, s, out: nf4_ops.dequantize(p, s, out=out), with_outputs)
+    theirs = bk.graph_median_us(lambda p, s, out: bnbf.dequantize_4bit(p, s, out=out), with_outputs)
+    del with_outputs
     # the same bits as bitsandbytes (the tests' promise), checked on the first copy
     packed, state = quantized[0]
     if not torch.equal(nf4_ops.dequantize(packed, state, variant.dtype), bnbf.dequantize_4bit(packed, state)):
