@@ -121,7 +121,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Llama-3.3-70B's layers only")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--only", nargs="+", default=[], metavar="TEXT",
+                        help="only the variants whose name contains every TEXT, e.g. --only bs64 bf16")
     args = parser.parse_args()
+    chosen = [v for v in variants() if all(text in v.name for text in args.only)]
+    if not chosen:
+        parser.error(f"--only {' '.join(args.only)}: no variant's name contains that; names look like "
+                     f"'{variants()[0].name}'")
     if not torch.cuda.is_available():
         print("bench_dequantize_variants: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -141,7 +147,7 @@ def main() -> int:
     print(f"== copy ceiling {copy_GBps:.0f} GB/s", flush=True)
     bk.warm_up(layers[0])
     results = {"env": env, "copy_GBps": copy_GBps, "min_graph_calls": bk.min_graph_calls, "variants": []}
-    for variant in variants():
+    for variant in chosen:
         start = time.time()
         points = []
         for layer in layers:
@@ -151,7 +157,7 @@ def main() -> int:
         results["variants"].append({"name": variant.name, "quant_type": variant.quant_type,
                                     "dtype": DTYPE_NAMES[variant.dtype], "blocksize": variant.blocksize,
                                     "nested": variant.nested, "layers": points})  # fmt: skip
-        print(f"[{len(results['variants'])}/{len(variants())}] {variant.name}: {time.time() - start:.1f}s", flush=True)
+        print(f"[{len(results['variants'])}/{len(chosen)}] {variant.name}: {time.time() - start:.1f}s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dequantize_variants.json").write_text(json.dumps(results, indent=1))
     plot(results, args.out / "dequantize_variants.png")
