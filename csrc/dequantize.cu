@@ -26,14 +26,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / 32;
-#ifndef NF4_DQ_WORDS_PER_LANE  // build-time knobs for tuning runs (benchmarks/NOTES.md, dequantize)
-#define NF4_DQ_WORDS_PER_LANE 4
-#endif
-#ifndef NF4_DQ_CTAS_PER_SM  // 0: one item per warp, a CTA per 8 items; n: at most n CTAs per SM, items grid-strided
-#define NF4_DQ_CTAS_PER_SM 0
-#endif
-constexpr int kWordsPerLane = NF4_DQ_WORDS_PER_LANE;  // 4: 16-byte packed loads for fp16/bf16 output, 8-byte for fp32
-static_assert(kWordsPerLane == 1 || kWordsPerLane == 2 || kWordsPerLane == 4, "NF4_DQ_WORDS_PER_LANE: 1, 2 or 4");
+constexpr int kWordsPerLane = 4;  // 16-byte packed loads for fp16/bf16 output, 8-byte for fp32
 
 template <typename T>
 struct Unit {
@@ -48,26 +41,12 @@ struct Unit {
 // The lane's kWordsPerLane consecutive packed words, in one vector load.
 template <typename Word>
 __device__ __forceinline__ void load_lane_words(const uint8_t* lane_bytes, Word (&words)[kWordsPerLane]) {
-  constexpr int kBytes = kWordsPerLane * int(sizeof(Word));
-  if constexpr (kBytes == 16) {
+  if constexpr (sizeof(Word) == 4) {
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(lane_bytes));
     words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
-  } else if constexpr (kBytes == 8) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(lane_bytes));
-    if constexpr (sizeof(Word) == 4) {
-      words[0] = v.x, words[1] = v.y;
-    } else {
-      words[0] = Word(v.x), words[1] = Word(v.x >> 16), words[2] = Word(v.y), words[3] = Word(v.y >> 16);
-    }
-  } else if constexpr (kBytes == 4) {
-    const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(lane_bytes));
-    if constexpr (sizeof(Word) == 4) {
-      words[0] = v;
-    } else {
-      words[0] = Word(v), words[1] = Word(v >> 16);
-    }
   } else {
-    words[0] = __ldg(reinterpret_cast<const Word*>(lane_bytes));
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(lane_bytes));
+    words[0] = Word(v.x), words[1] = Word(v.x >> 16), words[2] = Word(v.y), words[3] = Word(v.y >> 16);
   }
 }
 
@@ -79,7 +58,7 @@ __global__ void __launch_bounds__(kThreads)
   using Word = typename U::PackedWord;
   let_next_kernel_start();
   const int lane = threadIdx.x % 32;
-  int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
 #if NF4_PREFETCH_BEFORE_WAIT
   // the item's packed bytes, one lane per 128-byte line, asked of L2 while the previous kernel finishes
   if (item < items && lane * U::kLaneBytes % 128 == 0) prefetch_l2(packed + item * U::kItemBytes + lane * U::kLaneBytes);
@@ -89,7 +68,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   wait_for_previous_kernels();
 
-  for (; item < items; item += int64_t(gridDim.x) * kWarpsPerBlock) {  // once, unless NF4_DQ_CTAS_PER_SM caps the grid
+  if (item < items) {
     Word words[kWordsPerLane];
     load_lane_words(packed + item * U::kItemBytes + lane * U::kLaneBytes, words);
     const int64_t first_unit = item * U::kItemWords;
@@ -136,12 +115,8 @@ void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const B
     const bool vectorize = reinterpret_cast<uintptr_t>(bytes) % U::kLaneBytes == 0 && is_aligned_16(out_data);
     const int64_t items = vectorize ? numel / (int64_t(U::kItemWords) * U::kElements) : 0;
     const int64_t scalar_elements = numel - items * U::kItemWords * U::kElements;
-    int64_t blocks = std::max<int64_t>({(items + kWarpsPerBlock - 1) / kWarpsPerBlock,
-                                        (scalar_elements + kThreads - 1) / kThreads, 1});
-    if (NF4_DQ_CTAS_PER_SM > 0) {
-      blocks = std::min<int64_t>(
-          blocks, int64_t{NF4_DQ_CTAS_PER_SM} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount);
-    }
+    const int64_t blocks = std::max<int64_t>({(items + kWarpsPerBlock - 1) / kWarpsPerBlock,
+                                              (scalar_elements + kThreads - 1) / kThreads, 1});
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::dequantize: shape ", spec.rows, " x ", spec.cols,
                 " needs ", blocks, " CUDA blocks, more than a launch allows");
     launch_kernel(dequantize_kernel<T>, dim3(static_cast<unsigned>(blocks)), kThreads, 0,
