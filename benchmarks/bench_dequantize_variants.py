@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import nf4_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_kernels as bk  # noqa: E402
-from report import dequantize_bytes  # noqa: E402
+from report import dequantize_bytes, dequantize_variants_table  # noqa: E402
 
 MIN_MOVED_BYTES = 20_000_000  # the "every paper shape of 20 MB or more" (bf16 output, blocksize 64)
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -80,20 +79,6 @@ def bench(layer: bk.Layer, variant: Variant) -> dict[str, float]:
     del weight, quantized
     torch.cuda.empty_cache()
     return {"nf4ops_us": ours, "bnb_us": theirs}
-
-
-def summary_table(results: dict) -> str:
-    copy = results["copy_GBps"]
-    header = ["variant", "layers", "% of copy ceiling (least / median)", "least at", "vs bnb (least / median)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for v in results["variants"]:
-        points = v["layers"]
-        pct = [100 * p["moved_bytes"] / p["nf4ops_us"] / 1e3 / copy for p in points]
-        speedup = [p["bnb_us"] / p["nf4ops_us"] for p in points]
-        worst = points[min(range(len(points)), key=pct.__getitem__)]
-        lines.append(f"| {v['name']} | {len(points)} | {min(pct):.0f} / {statistics.median(pct):.0f} | "
-                     f"{worst['model']} {worst['layer']} | {min(speedup):.2f}x / {statistics.median(speedup):.2f}x |")
-    return "\n".join(lines)
 
 
 def plot(results: dict, path: Path) -> None:
@@ -164,7 +149,7 @@ def main() -> int:
     print(f"\nwrote {args.out / 'dequantize_variants.json'} and dequantize_variants.png\n")
     print(f"GPU: {env['gpu']}, driver {env['driver']}, torch {env['torch']}, bitsandbytes {env['bitsandbytes']}; "
           f"copy ceiling {copy_GBps:.0f} GB/s; {len(layers)} layers; graphs of >= {bk.min_graph_calls} calls\n")
-    print(summary_table(results))
+    print(dequantize_variants_table(results))
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite on a machine with an NVIDIA GPU, in one command: build the extension for this GPU, run
-# the tests (CUDA ones included), compute-sanitizer memcheck and racecheck, and the kernel benchmark.
+# the tests (CUDA ones included), compute-sanitizer memcheck and racecheck, the kernel benchmark and the dequantize
+# variants benchmark.
 # Prints a short table last; full logs, JSON and PNG go to $OUT (default ./gpu-out).
 #   bash scripts/gpu_suite.sh [--quick] [BENCH_ARG ...]
 # (--quick: benchmark Llama-3.3-70B's layers only; other arguments go to benchmarks/bench_kernels.py, e.g.
@@ -42,11 +43,13 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
   step bench "$PY" benchmarks/bench_kernels.py --out "$OUT" "${BENCH_ARGS[@]}"
+  step variants "$PY" benchmarks/bench_dequantize_variants.py --out "$OUT"  # NF4/FP4, every dtype and blocksize
 fi
 
 echo
 cat "$OUT/gpu.txt"
 [ -f "$OUT/bench.log" ] && sed -n '/^| model/,$p' "$OUT/bench.log"
+[ -f "$OUT/variants.log" ] && sed -n '/^| variant/,$p' "$OUT/variants.log"
 echo
 echo "| step       | result          |  time | last line |"
 echo "|---|---|---|---|"

@@ -1,4 +1,5 @@
-"""The dequantize variants benchmark's variant list and summary (benchmarks/bench_dequantize_variants.py); the timings
+"""The dequantize variants benchmark's variant list and summary (benchmarks/bench_dequantize_variants.py and its table
+in benchmarks/report.py); the timings
 themselves come from a GPU run, not from tests."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_dequantize_variants as bdv  # noqa: E402
+from report import dequantize_variants_table  # noqa: E402
 from conftest import BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES  # noqa: E402
 
 
@@ -37,6 +39,6 @@ def test_summary_names_the_least_layer_and_the_medians():
     results = {"copy_GBps": 1000.0, "variants": [
         {"name": "nf4 bf16 bs64 plain", "layers": [point("a", 1.0, 1.5), point("b", 1.25, 1.5), point("c", 2.0, 2.0)]},
     ]}  # fmt: skip
-    row = bdv.summary_table(results).splitlines()[2]
+    row = dequantize_variants_table(results).splitlines()[2]
     # % of the ceiling: 100, 80, 50 -> least 50 (layer c), median 80; speedups 1.5, 1.2, 1.0 -> least 1.00, median 1.20
     assert row == "| nf4 bf16 bs64 plain | 3 | 50 / 80 | m c | 1.00x / 1.20x |"
