@@ -116,8 +116,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_dequantize_variants: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
-    import bitsandbytes as bnb
-
     layers, sizes = [], set()
     for layer in bk.PAPER_LAYERS:
         if (layer.model, layer.n * layer.k) in sizes or (args.quick and layer.model != "llama3.3-70b"):
@@ -125,8 +123,7 @@ def main() -> int:
         if dequantize_bytes(layer.n, layer.k, 64, False) >= MIN_MOVED_BYTES:
             layers.append(layer)
             sizes.add((layer.model, layer.n * layer.k))
-    env = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "bitsandbytes": bnb.__version__, "driver": bk._driver_version(), "command": " ".join(sys.argv)}  # fmt: skip
+    env = bk.environment()
     print(f"== {env}", flush=True)
     copy_GBps = bk.measure_ceilings()["copy_GBps"]
     print(f"== copy ceiling {copy_GBps:.0f} GB/s", flush=True)

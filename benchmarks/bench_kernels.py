@@ -356,14 +356,7 @@ def main() -> int:
     import bitsandbytes as bnb
 
     layers = [l for l in PAPER_LAYERS if l.model == "llama3.3-70b"] if args.quick else PAPER_LAYERS
-    env = {
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "bitsandbytes": bnb.__version__,
-        "driver": _driver_version(),
-        "command": " ".join(sys.argv),
-    }
+    env = environment()
     print(f"== {env}", flush=True)
     ceiling_rounds, row_rounds = [], []
     for round_index in range(args.rounds):
@@ -398,6 +391,14 @@ def main() -> int:
     print(header_line(results), "", dequantize_table(results), "", gemv_table(results), "",
           crossover_table(results), sep="\n")
     return 0
+
+
+def environment() -> dict[str, str]:
+    """What a run's results were measured with: the GPU, its driver, torch, CUDA, bitsandbytes, the command."""
+    import bitsandbytes as bnb
+
+    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "bitsandbytes": bnb.__version__, "driver": _driver_version(), "command": " ".join(sys.argv)}  # fmt: skip
 
 
 def _driver_version() -> str:
