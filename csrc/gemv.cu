@@ -859,8 +859,9 @@ __device__ __forceinline__ void one_row_x(const T* from, bool inside, uint32_t (
 
 // kNested: `absmax` is unused and `nested` holds the scales (BlockScales, nested), `nested_blocks` values of
 // state2.absmax per CTA (one_row_nested_blocks).
-// kXRows: rows of x decoded together (x_rows of them, the last row repeated up to kXRows); 1 for one row and for
-// kRowLoop, whose rows of x go one after another.
+// kXRows: rows of x decoded together (x_rows of them; launch_one_row_gemv takes the instance of x_rows rows, and
+// with fewer the kernel would repeat the last row up to kXRows); 1 for one row and for kRowLoop, whose rows of x go
+// one after another.
 template <typename T, bool kHalfStep, bool kRowLoop, bool kNested, int kXRows>
 __global__ void __launch_bounds__(kOrWarps * 32, 1)
     one_row_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, const float* __restrict__ absmax,
