@@ -6,7 +6,11 @@ inside a CUDA graph that cycles through enough weight copies that the working se
 around graph replays; the median of the replays, and of that over --rounds passes over every layer (so a
 passing slowdown of the GPU, such as one that once put a layer 13% slow in one pass, moves no figure).
 Ceilings: a 1 GiB device-to-device copy (bytes read + written, outside a graph) for dequantize, and the best
-of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV on 28672x8192 for gemv.
+of a 1 GiB read (torch.sum) and a cuBLAS bf16 GEMV on 28672x8192 for gemv. Beside them, per layer and timed as
+its calls are, a copy of the dequantize's bytes (memcpy and an elementwise kernel) and a read of the one-row
+gemv's bytes (cuBLAS GEMV and torch.sum): what the GPU's own copies and reads reach at that size, where a call's
+start and tail weigh more than at 1 GiB. Each layer's and sweep point's SM clock, temperature and power are
+recorded with its times.
 
     python benchmarks/bench_kernels.py [--quick] [--rounds R] [--min-calls N] [--out DIR]
 
@@ -32,7 +36,8 @@ import torch
 import nf4_ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from report import crossover_table, dequantize_bytes, dequantize_table, gemv_bytes, gemv_table, header_line  # noqa: E402
+from report import (crossover_table, dequantize_bytes, dequantize_table, gemv_bytes, gemv_table,  # noqa: E402
+                    header_line, same_size_read_bytes)
 
 BLOCKSIZE = 64
 QUANT_TYPE = "nf4"
@@ -43,6 +48,11 @@ REPLAYS = 25
 # weigh up to 8x more per call on the large layers (NOTES gemv row 78); 16 gives every layer the same chain.
 # Set by --min-calls.
 DEFAULT_MIN_GRAPH_CALLS = 16
+# Idle seconds before each layer's rows-of-x sweep: the sweep's compute-heavy points (dequantize + cuBLAS at 65-256
+# rows) draw ~650 W on an H100 and lower its SM clock to ~1400 MHz, and the next layer's first points then read high
+# (Llama's q one row 17.0 / 19.9 us in two suites against 16.2 / 15.5 in their tables, 16.2 after 10 s idle;
+# NOTES gemv row 87).
+SETTLE_S = 5
 min_graph_calls = DEFAULT_MIN_GRAPH_CALLS
 
 
@@ -75,6 +85,7 @@ PAPER_LAYERS = (
 class Row:
     layer: Layer
     times_us: dict[str, float] = field(default_factory=dict)
+    gpu_state: dict[str, float] = field(default_factory=dict)  # right after the layer's last timing (gpu_state)
 
 
 def graph_median_us(fn, inputs: list) -> float:
@@ -170,6 +181,37 @@ def dequantize_inputs(quantized: list, layer: Layer, dtype: torch.dtype) -> list
     return [(p, s, torch.empty(layer.n, layer.k, device="cuda", dtype=dtype)) for p, s in quantized]
 
 
+def same_size_copy_us(nbytes: int) -> dict[str, float]:
+    """What copying nbytes (nbytes / 2 read, nbytes / 2 written) takes in the same chain of calls as a dequantize
+    that moves nbytes, with as many buffer pairs as it has weight copies: as a memcpy (copy_) and as an elementwise
+    kernel (mul by 1, exact). At small sizes a call's start and tail weigh more than in the 1 GiB copy of the ceiling,
+    for every kernel; this says how much, so that a layer can also be read against a copy of its own size (NOTES
+    dequantize row 8). The report takes the faster of the two."""
+    half = -(-nbytes // 4) * 2  # bytes each side, a whole number of bf16 values
+    pairs = [(torch.empty(half // 2, device="cuda", dtype=torch.bfloat16).normal_(),
+              torch.empty(half // 2, device="cuda", dtype=torch.bfloat16)) for _ in range(copies_for(nbytes))]
+    times = {"copy_same_bytes_memcpy": graph_median_us(lambda src, dst: dst.copy_(src), pairs),
+             "copy_same_bytes_kernel": graph_median_us(lambda src, dst: torch.mul(src, 1, out=dst), pairs)}
+    del pairs
+    return times  # fmt: skip
+
+
+def same_size_read_us(layer: Layer, nbytes: int) -> dict[str, float]:
+    """What reading about nbytes takes in the same chain of calls as the one-row gemv that reads them, with as many
+    copies: cuBLAS's bf16 GEMV on a [rows, K] weight (K the layer's) and a torch.sum of a bf16 vector, the two
+    reads of the read ceiling (same_size_read_bytes gives each one's bytes; the report takes the faster rate)."""
+    read_bytes = same_size_read_bytes(layer.k, nbytes)
+    x = torch.randn(1, layer.k, device="cuda", dtype=torch.bfloat16)
+    weights = [(torch.randn(read_bytes["read_same_bytes_gemv"] // (2 * layer.k), layer.k, device="cuda",
+                            dtype=torch.bfloat16),) for _ in range(copies_for(nbytes))]
+    vectors = [(torch.randn(read_bytes["read_same_bytes_sum"] // 2, device="cuda", dtype=torch.bfloat16),)
+               for _ in range(copies_for(nbytes))]
+    times = {"read_same_bytes_gemv": graph_median_us(lambda w: torch.nn.functional.linear(x, w), weights),
+             "read_same_bytes_sum": graph_median_us(lambda v: v.sum(dtype=torch.float32), vectors)}
+    del weights, vectors
+    return times  # fmt: skip
+
+
 def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
     import bitsandbytes.functional as bnbf
 
@@ -190,6 +232,8 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
             lambda p, s, out: bnbf.dequantize_4bit(p, s, out=out), with_outputs
         )
         del with_outputs
+        if not nested:  # what a copy of the same bytes takes, in the same chain (same_size_copy_us)
+            row.times_us.update(same_size_copy_us(dequantize_bytes(layer.n, layer.k, BLOCKSIZE, False)))
         if nested:  # one row of bf16 x on nested absmax (bnb_4bit_use_double_quant), against bitsandbytes' too
             count = copies_for(gemv_bytes(layer.n, layer.k, BLOCKSIZE, 1))
             quantized = quantized[:count] + [
@@ -220,6 +264,8 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
                 lambda w: torch.nn.functional.linear(x, w), dense
             )
             del dense
+            if rows == 1:  # what a read of the same bytes takes (same_size_read_us)
+                row.times_us.update(same_size_read_us(layer, gemv_bytes(layer.n, layer.k, BLOCKSIZE, 1)))
             if rows == 1:  # HF's default compute dtype is fp32: one row of fp32 x, against bitsandbytes' too
                 x32 = x.float()
                 row.times_us["nf4ops_gemv_M1_fp32x"] = graph_median_us(
@@ -228,6 +274,7 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
                 row.times_us["bnb_gemv_M1_fp32x"] = graph_median_us(
                     lambda p, s: bnb.matmul_4bit(x32, p.t(), quant_state=s), quantized
                 )
+    row.gpu_state = gpu_state()
     del weight
     torch.cuda.empty_cache()
     return row
@@ -267,7 +314,7 @@ def bench_crossover(layer: Layer, row_counts: list[int], bnb) -> list[dict]:
             "nf4ops_dequantize_cublas": graph_median_us(dequantize_then_cublas, quantized),
             "bnb": graph_median_us(lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s), quantized),
             "cublas_bf16": graph_median_us(lambda w: torch.nn.functional.linear(x, w), dense),
-        }})  # fmt: skip
+        }, "gpu_state": gpu_state()})  # fmt: skip
     del all_quantized, dense, buffer, weight
     torch.cuda.empty_cache()
     return out
@@ -368,19 +415,23 @@ def main() -> int:
             start = time.time()
             row_rounds[-1].append(bench_layer(layer, args.rows, bnb))
             print(f"[{i + 1}/{len(layers)}] {layer.model} {layer.name} {layer.n}x{layer.k}: "
-                  f"{time.time() - start:.1f}s", flush=True)
+                  f"{time.time() - start:.1f}s, then {row_rounds[-1][-1].gpu_state}", flush=True)
     ceilings = median_of_rounds(ceiling_rounds)
     rows = [Row(passes[0].layer, median_of_rounds([r.times_us for r in passes])) for passes in zip(*row_rounds)]
     curves = []
     for layer in [] if args.no_crossover else CROSSOVER_LAYERS:
+        time.sleep(SETTLE_S)
         start = time.time()
         curves.append({"layer": asdict(layer), "points": bench_crossover(layer, CROSSOVER_ROWS, bnb)})
-        print(f"[crossover] {layer.model} {layer.name}: {time.time() - start:.1f}s", flush=True)
+        clocks = [p["gpu_state"]["sm_mhz"] for p in curves[-1]["points"] if "sm_mhz" in p["gpu_state"]]
+        print(f"[crossover] {layer.model} {layer.name}: {time.time() - start:.1f}s, SM clock "
+              f"{min(clocks, default=0):.0f}-{max(clocks, default=0):.0f} MHz", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"env": env, "rounds": args.rounds, "min_graph_calls": min_graph_calls, "ceilings_GBps": ceilings,
                "ceilings_GBps_rounds": ceiling_rounds, "blocksize": BLOCKSIZE, "quant_type": QUANT_TYPE,
                "rows": [{"layer": asdict(r.layer), "times_us": r.times_us,
-                         "times_us_rounds": [p.times_us for p in passes]}
+                         "times_us_rounds": [p.times_us for p in passes],
+                         "gpu_state_rounds": [p.gpu_state for p in passes]}
                         for r, passes in zip(rows, zip(*row_rounds))],
                "crossover": curves}  # fmt: skip
     (args.out / "kernels.json").write_text(json.dumps(results, indent=1))
@@ -399,6 +450,24 @@ def environment() -> dict[str, str]:
 
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "bitsandbytes": bnb.__version__, "driver": _driver_version(), "command": " ".join(sys.argv)}  # fmt: skip
+
+
+def gpu_state() -> dict[str, float]:
+    """The GPU's SM clock (MHz), temperature (C) and power draw (W) now, right after a timing, as nvidia-smi reads
+    them (empty where it cannot): recorded beside each layer's and each sweep point's times, so that a figure taken
+    at a lowered clock shows as such (the q layers' sweep once read 8-28% above their table rows)."""
+    import subprocess
+
+    fields = ("clocks.sm", "temperature.gpu", "power.draw")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    pci = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"  # nvidia-smi's own ids differ
+    try:
+        line = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                               f"--id={pci}"],
+                              capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        return dict(zip(("sm_mhz", "temp_c", "power_w"), (float(v) for v in line.split(","))))
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return {}
 
 
 def _driver_version() -> str:

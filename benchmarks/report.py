@@ -32,6 +32,19 @@ def gemv_bytes(n: int, k: int, blocksize: int, rows: int, act_bytes: int = 2) ->
     return math.ceil(numel / 2) + 4 * math.ceil(numel / blocksize) + act_bytes * rows * (k + n)
 
 
+def same_size_read_bytes(k: int, nbytes: int) -> dict[str, int]:
+    """The bytes each same-size read of bench_kernels.same_size_read_us reads for a gemv that reads nbytes:
+    cuBLAS's GEMV on a bf16 [rows, k] weight (rows rounded up to a multiple of 256: cuBLAS read 132 MB of
+    [8058, 8192] at 61% of the rate of [8192, 8192] on an H100, NOTES gemv row 86) and a torch.sum of bf16 values."""
+    rows = -(-nbytes // (2 * k * 256)) * 256
+    return {"read_same_bytes_gemv": 2 * k * rows, "read_same_bytes_sum": -(-nbytes // 2) * 2}
+
+
+def same_size_rate(times_us: dict, moved_bytes: dict) -> float:
+    """The best rate in GB/s of the same-size runs whose bytes moved_bytes gives by key (those that were timed)."""
+    return max(moved_bytes[key] / times_us[key] / 1e3 for key in moved_bytes if key in times_us)
+
+
 def read_ceiling(ceilings: dict) -> float:
     return max(ceilings["read_sum_GBps"], ceilings["read_cublas_gemv_GBps"])
 
@@ -45,19 +58,25 @@ def dequantize_table(results: dict) -> str:
     bs = results["blocksize"]
     header = ["model", "layer", "N x K", "MB moved", "nf4-ops µs (plain / nested)", "GB/s (plain)",
               "% of copy ceiling (plain / nested)", "bnb µs (plain / nested)", "speedup vs bnb (plain / nested)"]
+    with_same_size = "copy_same_bytes_memcpy" in results["rows"][0]["times_us"]  # older results lack it
+    header += ["% of a same-size copy (plain / nested)"] * with_same_size
     lines = [_row(header), _row(["---"] * len(header))]
     for r in results["rows"]:
         lay, t = r["layer"], r["times_us"]
         plain, nested = t["nf4ops_dequant_plain"], t["nf4ops_dequant_nested"]
         bytes_plain = dequantize_bytes(lay["n"], lay["k"], bs, False)
         bytes_nested = dequantize_bytes(lay["n"], lay["k"], bs, True)
+        if with_same_size:  # both copies moved bytes_plain
+            copy_rate = same_size_rate(t, {"copy_same_bytes_memcpy": bytes_plain, "copy_same_bytes_kernel": bytes_plain})
         lines.append(_row([
             lay["model"], lay["name"], f"{lay['n']} x {lay['k']}", f"{bytes_plain / 1e6:.0f}",
             f"{plain:.1f} / {nested:.1f}", f"{bytes_plain / plain / 1e3:.0f}",
             f"{100 * bytes_plain / plain / 1e3 / copy:.0f} / {100 * bytes_nested / nested / 1e3 / copy:.0f}",
             f"{t['bnb_dequant_plain']:.1f} / {t['bnb_dequant_nested']:.1f}",
             f"{t['bnb_dequant_plain'] / plain:.2f} / {t['bnb_dequant_nested'] / nested:.2f}",
-        ]))  # fmt: skip
+        ] + ([
+            f"{100 * bytes_plain / plain / 1e3 / copy_rate:.0f} / {100 * bytes_nested / nested / 1e3 / copy_rate:.0f}"
+        ] if with_same_size else [])))  # fmt: skip
     return "\n".join(lines)
 
 
@@ -77,6 +96,8 @@ def gemv_table(results: dict) -> str:
     header += ["M=1 fp32 x vs bnb"] * with_bnb_fp32
     with_nested = "nf4ops_gemv_M1_nested" in first  # older results timed plain absmax only
     header += ["M=1 µs, nested absmax", "M=1 nested vs bnb"] * with_nested
+    with_same_size = "read_same_bytes_gemv" in first  # older results lack it
+    header += ["M=1 % of a same-size read"] * with_same_size
     lines = [_row(header), _row(["---"] * len(header))]
     for r in results["rows"]:
         lay, t = r["layer"], r["times_us"]
@@ -95,6 +116,10 @@ def gemv_table(results: dict) -> str:
         if with_nested:
             nested = t["nf4ops_gemv_M1_nested"]
             cells += [f"{nested:.1f}", f"{t['bnb_gemv_M1_nested'] / nested:.2f}x"]
+        if with_same_size:
+            moved = gemv_bytes(lay["n"], lay["k"], bs, 1)
+            read_rate = same_size_rate(t, same_size_read_bytes(lay["k"], moved))
+            cells.append(f"{100 * moved / t['nf4ops_gemv_M1'] / 1e3 / read_rate:.0f}")
         lines.append(_row(cells))
     return "\n".join(lines)
 
