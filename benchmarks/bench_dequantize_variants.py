@@ -1,5 +1,6 @@
 """Dequantize benchmark over the variants the kernel benchmark leaves out: NF4 and FP4, bf16 / fp16 / fp32 output and
-every blocksize, plain and nested absmax, against bitsandbytes' dequantize_4bit and the copy ceiling, in one process,
+every blocksize, plain and nested absmax, against bitsandbytes' dequantize_4bit, the copy ceiling and a copy of
+each layer's own bytes, in one process,
 on every paper layer shape of 20 MB or more (bytes moved at bf16 output, blocksize 64). The kernel runs over the
 flat elements, so layers of the same element count (q and o, gate/up and down) are timed once, as the first of them.
 
@@ -10,7 +11,7 @@ plain: the quant type and the output dtype at blocksize 64, or the blocksize; ne
     python benchmarks/bench_dequantize_variants.py [--quick] [--out DIR]
 
 Prints a table last (per variant: the least and the median % of the copy ceiling over the layers, the least speedup
-over bitsandbytes) and writes DIR/dequantize_variants.json and DIR/dequantize_variants.png.
+over bitsandbytes, the least and the median % of a same-size copy) and writes DIR/dequantize_variants.json and DIR/dequantize_variants.png.
 """
 
 from __future__ import annotations
@@ -128,7 +129,14 @@ def main() -> int:
     copy_GBps = bk.measure_ceilings()["copy_GBps"]
     print(f"== copy ceiling {copy_GBps:.0f} GB/s", flush=True)
     bk.warm_up(layers[0])
-    results = {"env": env, "copy_GBps": copy_GBps, "min_graph_calls": bk.min_graph_calls, "variants": []}
+    # what a copy of each layer's bytes reaches (bench_kernels.same_size_copy_us), per output element size: the
+    # variants' bytes differ from these by their absmax only (at most ~6%), so their rates are read against them
+    same_size = [{"model": layer.model, "layer": layer.name, "out_bytes": out_bytes,
+                  "moved_bytes": (nbytes := dequantize_bytes(layer.n, layer.k, 64, False, out_bytes)),
+                  **bk.same_size_copy_us(nbytes)}
+                 for layer in layers for out_bytes in sorted({v.dtype.itemsize for v in chosen})]  # fmt: skip
+    results = {"env": env, "copy_GBps": copy_GBps, "min_graph_calls": bk.min_graph_calls,
+               "same_size_copies": same_size, "variants": []}
     for variant in chosen:
         start = time.time()
         points = []

@@ -175,17 +175,28 @@ def rounds_note(results: dict) -> str:
 
 def dequantize_variants_table(results: dict) -> str:
     """benchmarks/bench_dequantize_variants.py's results: per variant the least and the median % of the copy ceiling
-    over the layers, where the least is, and the least and the median speedup over bitsandbytes."""
+    over the layers, where the least is, the least and the median speedup over bitsandbytes, and (runs that timed
+    them) the least and the median % of the rate a copy of the layer's own bytes reached."""
     copy = results["copy_GBps"]
+    same_size = {(c["model"], c["layer"], c["out_bytes"]): same_size_rate(c, {key: c["moved_bytes"] for key in c
+                                                                            if key.startswith("copy_same_bytes")})
+                 for c in results.get("same_size_copies", [])}  # fmt: skip
     header = ["variant", "layers", "% of copy ceiling (least / median)", "least at", "vs bnb (least / median)"]
+    header += ["% of a same-size copy (least / median)"] * bool(same_size)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for v in results["variants"]:
         points = v["layers"]
-        pct = [100 * p["moved_bytes"] / p["nf4ops_us"] / 1e3 / copy for p in points]
+        rates = [p["moved_bytes"] / p["nf4ops_us"] / 1e3 for p in points]
+        pct = [100 * rate / copy for rate in rates]
         speedup = [p["bnb_us"] / p["nf4ops_us"] for p in points]
         worst = points[min(range(len(points)), key=pct.__getitem__)]
-        lines.append(f"| {v['name']} | {len(points)} | {min(pct):.0f} / {statistics.median(pct):.0f} | "
-                     f"{worst['model']} {worst['layer']} | {min(speedup):.2f}x / {statistics.median(speedup):.2f}x |")
+        cells = [v["name"], str(len(points)), f"{min(pct):.0f} / {statistics.median(pct):.0f}",
+                 f"{worst['model']} {worst['layer']}", f"{min(speedup):.2f}x / {statistics.median(speedup):.2f}x"]
+        if same_size:
+            out_bytes = {"bf16": 2, "fp16": 2, "fp32": 4}[v["dtype"]]
+            of_same = [100 * rate / same_size[(p["model"], p["layer"], out_bytes)] for p, rate in zip(points, rates)]
+            cells.append(f"{min(of_same):.0f} / {statistics.median(of_same):.0f}")
+        lines.append(_row(cells))
     return "\n".join(lines)
 
 
@@ -193,7 +204,7 @@ def readme_section(results: dict, json_path: str, variants: dict | None = None, 
     variant_lines = [] if variants is None else [
         f"**Dequantize variants** (`python benchmarks/bench_dequantize_variants.py`, `{variants_path}`; copy ceiling "
         f"{variants['copy_GBps']:.0f} GB/s in that run; each variant over the paper layers of 20 MB or more, one per "
-        "element count):",
+        "element count; the last column against a copy of each layer's own bytes, timed as the dequantize is):",
         "",
         dequantize_variants_table(variants),
         "",
@@ -206,12 +217,14 @@ def readme_section(results: dict, json_path: str, variants: dict | None = None, 
         "",
         header_line(results),
         "",
-        "**Dequantize** (bytes moved: packed weight + absmax read, bf16 weight written):",
+        "**Dequantize** (bytes moved: packed weight + absmax read, bf16 weight written; the last column against the "
+        "faster of a memcpy and an elementwise copy of the same bytes, in the same chain of calls):",
         "",
         dequantize_table(results),
         "",
         *variant_lines,
-        "**GEMV** `x[M, K] @ W.T` (bytes moved: packed weight + absmax + x read, y written):",
+        "**GEMV** `x[M, K] @ W.T` (bytes moved: packed weight + absmax + x read, y written; the last column against "
+        "the faster of cuBLAS's bf16 GEMV and torch.sum reading the one-row call's bytes, in the same chain of calls):",
         "",
         gemv_table(results),
         "",

@@ -42,3 +42,23 @@ def test_summary_names_the_least_layer_and_the_medians():
     row = dequantize_variants_table(results).splitlines()[2]
     # % of the ceiling: 100, 80, 50 -> least 50 (layer c), median 80; speedups 1.5, 1.2, 1.0 -> least 1.00, median 1.20
     assert row == "| nf4 bf16 bs64 plain | 3 | 50 / 80 | m c | 1.00x / 1.20x |"
+
+
+def test_summary_reads_each_layer_against_its_same_size_copy():
+    def point(layer, us):  # 1e6 bytes in `us` microseconds: 1000 / us GB/s
+        return {"model": "m", "layer": layer, "moved_bytes": 1_000_000, "nf4ops_us": us, "bnb_us": us}
+
+    def copy(layer, out_bytes, memcpy_us, kernel_us):  # the faster of the two copies counts
+        return {"model": "m", "layer": layer, "out_bytes": out_bytes, "moved_bytes": 1_000_000,
+                "copy_same_bytes_memcpy": memcpy_us, "copy_same_bytes_kernel": kernel_us}  # fmt: skip
+
+    # layer a's copy at 800 GB/s (1.25 us), b's at 500 (2.0 us); fp32 output's copies of a and b at 1000 GB/s
+    copies = [copy("a", 2, 1.25, 1.5), copy("b", 2, 2.5, 2.0), copy("a", 4, 1.0, 1.0), copy("b", 4, 1.0, 1.0)]
+    results = {"copy_GBps": 1000.0, "same_size_copies": copies, "variants": [
+        {"name": "nf4 bf16 bs64 plain", "dtype": "bf16", "layers": [point("a", 1.25), point("b", 2.5)]},
+        {"name": "nf4 fp32 bs64 plain", "dtype": "fp32", "layers": [point("a", 1.25), point("b", 2.5)]},
+    ]}  # fmt: skip
+    table = dequantize_variants_table(results).splitlines()
+    assert table[0].endswith("| % of a same-size copy (least / median) |")
+    # bf16: a at 800 of 800 GB/s (100%), b at 400 of 500 (80%); fp32: 80% and 40% of 1000
+    assert table[2].endswith("| 80 / 90 |") and table[3].endswith("| 40 / 60 |")
