@@ -1,8 +1,8 @@
 """Dequantize benchmark over the variants the kernel benchmark leaves out: NF4 and FP4, bf16 / fp16 / fp32 output and
 every blocksize, plain and nested absmax, against bitsandbytes' dequantize_4bit, the copy ceiling and a copy of
-each layer's own bytes, in one process,
-on every paper layer shape of 20 MB or more (bytes moved at bf16 output, blocksize 64). The kernel runs over the
-flat elements, so layers of the same element count (q and o, gate/up and down) are timed once, as the first of them.
+each layer's own bytes, in one process, on every paper layer shape of 20 MB or more (bytes moved at bf16 output,
+blocksize 64). The kernel runs over the flat elements, so layers of the same element count (q and o, gate/up and
+down) are timed once, as the first of them.
 
 Method as benchmarks/bench_kernels.py (its graph timing, weight copies rotated past L2, the copy ceiling of a 1 GiB
 device-to-device copy, warm-up): each variant changes one thing from the kernel benchmark's NF4 / bf16 / blocksize 64
@@ -11,7 +11,8 @@ plain: the quant type and the output dtype at blocksize 64, or the blocksize; ne
     python benchmarks/bench_dequantize_variants.py [--quick] [--out DIR]
 
 Prints a table last (per variant: the least and the median % of the copy ceiling over the layers, the least speedup
-over bitsandbytes, the least and the median % of a same-size copy) and writes DIR/dequantize_variants.json and DIR/dequantize_variants.png.
+over bitsandbytes, the least and the median % of a same-size copy) and writes DIR/dequantize_variants.json and
+DIR/dequantize_variants.png.
 """
 
 from __future__ import annotations

@@ -264,9 +264,10 @@ def bench_layer(layer: Layer, row_counts: list[int], bnb) -> Row:
                 lambda w: torch.nn.functional.linear(x, w), dense
             )
             del dense
-            if rows == 1:  # what a read of the same bytes takes (same_size_read_us)
+            if rows == 1:
+                # what a read of the same bytes takes (same_size_read_us)
                 row.times_us.update(same_size_read_us(layer, gemv_bytes(layer.n, layer.k, BLOCKSIZE, 1)))
-            if rows == 1:  # HF's default compute dtype is fp32: one row of fp32 x, against bitsandbytes' too
+                # HF's default compute dtype is fp32: one row of fp32 x, against bitsandbytes' too
                 x32 = x.float()
                 row.times_us["nf4ops_gemv_M1_fp32x"] = graph_median_us(
                     lambda p, s: nf4_ops.gemv(x32, p, s), quantized

@@ -45,6 +45,12 @@ def same_size_rate(times_us: dict, moved_bytes: dict) -> float:
     return max(moved_bytes[key] / times_us[key] / 1e3 for key in moved_bytes if key in times_us)
 
 
+def same_size_copy_rate(times_us: dict, nbytes: int) -> float:
+    """The best rate in GB/s of the same-size copies of nbytes (bench_kernels.same_size_copy_us: every copy_same_bytes_*
+    key) in times_us."""
+    return same_size_rate(times_us, {key: nbytes for key in times_us if key.startswith("copy_same_bytes_")})
+
+
 def read_ceiling(ceilings: dict) -> float:
     return max(ceilings["read_sum_GBps"], ceilings["read_cublas_gemv_GBps"])
 
@@ -66,8 +72,8 @@ def dequantize_table(results: dict) -> str:
         plain, nested = t["nf4ops_dequant_plain"], t["nf4ops_dequant_nested"]
         bytes_plain = dequantize_bytes(lay["n"], lay["k"], bs, False)
         bytes_nested = dequantize_bytes(lay["n"], lay["k"], bs, True)
-        if with_same_size:  # both copies moved bytes_plain
-            copy_rate = same_size_rate(t, {"copy_same_bytes_memcpy": bytes_plain, "copy_same_bytes_kernel": bytes_plain})
+        if with_same_size:  # the copies moved bytes_plain
+            copy_rate = same_size_copy_rate(t, bytes_plain)
         lines.append(_row([
             lay["model"], lay["name"], f"{lay['n']} x {lay['k']}", f"{bytes_plain / 1e6:.0f}",
             f"{plain:.1f} / {nested:.1f}", f"{bytes_plain / plain / 1e3:.0f}",
@@ -178,9 +184,8 @@ def dequantize_variants_table(results: dict) -> str:
     over the layers, where the least is, the least and the median speedup over bitsandbytes, and (runs that timed
     them) the least and the median % of the rate a copy of the layer's own bytes reached."""
     copy = results["copy_GBps"]
-    same_size = {(c["model"], c["layer"], c["out_bytes"]): same_size_rate(c, {key: c["moved_bytes"] for key in c
-                                                                            if key.startswith("copy_same_bytes")})
-                 for c in results.get("same_size_copies", [])}  # fmt: skip
+    same_size = {(c["model"], c["layer"], c["out_bytes"]): same_size_copy_rate(c, c["moved_bytes"])
+                 for c in results.get("same_size_copies", [])}
     header = ["variant", "layers", "% of copy ceiling (least / median)", "least at", "vs bnb (least / median)"]
     header += ["% of a same-size copy (least / median)"] * bool(same_size)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
