@@ -457,28 +457,32 @@ def gpu_state() -> dict[str, float]:
     """The GPU's SM clock (MHz), temperature (C) and power draw (W) now, right after a timing, as nvidia-smi reads
     them (empty where it cannot): recorded beside each layer's and each sweep point's times, so that a figure taken
     at a lowered clock shows as such (the q layers' sweep once read 8-28% above their table rows)."""
-    import subprocess
-
-    fields = ("clocks.sm", "temperature.gpu", "power.draw")
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    pci = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"  # nvidia-smi's own ids differ
+    values = _nvidia_smi("clocks.sm", "temperature.gpu", "power.draw")
     try:
-        line = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
-                               f"--id={pci}"],
-                              capture_output=True, text=True, check=True, timeout=10).stdout.strip()
-        return dict(zip(("sm_mhz", "temp_c", "power_w"), (float(v) for v in line.split(","))))
-    except (OSError, ValueError, subprocess.SubprocessError):
+        return dict(zip(("sm_mhz", "temp_c", "power_w"), map(float, values))) if values else {}
+    except ValueError:  # "[N/A]" where the GPU does not report one
         return {}
 
 
 def _driver_version() -> str:
-    try:
-        import subprocess
+    values = _nvidia_smi("driver_version")
+    return values[0] if values else "unknown"
 
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+
+def _nvidia_smi(*fields: str) -> list[str] | None:
+    """nvidia-smi's values of `fields` for this process's GPU (found by its PCI address: nvidia-smi's own indices
+    ignore CUDA_VISIBLE_DEVICES), or None where nvidia-smi cannot answer."""
+    import subprocess
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    pci = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+    try:
+        line = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                               f"--id={pci}"], capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = [v.strip() for v in line.split(",")]
+    return values if len(values) == len(fields) else None
 
 
 if __name__ == "__main__":
