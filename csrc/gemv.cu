@@ -146,21 +146,24 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // (tc_tile_cluster), and the cluster's first CTA adds the others' parts through distributed shared memory
 // (row 56). Every order is
 // fixed, so the result is the same on every run.
-// Warps per CTA, one CTA per SM (they share one table), by kind of launch (TcCta): 16 for the stream-K split of
-// 16-row tiles; 14 for 32-row tiles and 12 for one CTA per tile, where each thread then has 146 / 168 registers
-// instead of 128 and the loop keeps more of a turn in flight (measured on an H100: NOTES gemv rows 91-92).
+// Warps per CTA, one CTA per SM (they share one table), by kind of launch (TcCta), measured on an H100 at 12, 14
+// and 16 warps (NOTES gemv rows 91-92): 16 for the stream-K split of 16-row tiles (fewer were up to 22% slower at
+// 4-8 rows, and even at 9-16) and for one CTA per tile at 1-8 rows (Llama's k/v, 32 turns per tile, 8-13% slower
+// with 12); 14 for 32-row tiles (their 9-16 rows 4-10% faster: the same 128 registers, and 18 KB less shared memory
+// leaves L1 more room for x); 12 for one CTA per tile at 9-16 rows (the k/v layers 9-15% faster: 168 registers,
+// no spills in the loop).
 #ifndef NF4_TC_WARPS  // build-time knobs for tuning runs (benchmarks/NOTES.md)
 #define NF4_TC_WARPS 16
 #endif
 #ifndef NF4_TC_WIDE_WARPS
 #define NF4_TC_WIDE_WARPS 14
 #endif
-#ifndef NF4_TC_CTA_PER_TILE_WARPS
-#define NF4_TC_CTA_PER_TILE_WARPS 12
+#ifndef NF4_TC_CTA_PER_TILE_WIDE_X_WARPS
+#define NF4_TC_CTA_PER_TILE_WIDE_X_WARPS 12
 #endif
 constexpr int kTcWarps = NF4_TC_WARPS;
 constexpr int kTcWideWarps = NF4_TC_WIDE_WARPS;
-constexpr int kTcCtaPerTileWarps = NF4_TC_CTA_PER_TILE_WARPS;
+constexpr int kTcCtaPerTileWideXWarps = NF4_TC_CTA_PER_TILE_WIDE_X_WARPS;  // one CTA per tile, two n-tiles
 constexpr int kTcMmaRows = 16;                    // W rows per mma (its M); a tile is kMTiles of them
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
 constexpr int kTcTurnSteps = 4;                   // steps per loop turn
@@ -205,10 +208,11 @@ struct TileShape {
 
 // One CTA of a tensor-core launch: its warps and its shared memory (the table, the nested map, a ring per warp).
 // One CTA per tile takes only 16-row tiles.
-template <int kMTiles, bool kCtaPerTile>
+template <int kMTiles, int kNTiles, bool kCtaPerTile>
 struct TcCta {
   static_assert(!kCtaPerTile || kMTiles == 1, "one CTA per tile: 16-row tiles");
-  static constexpr int kWarps = kCtaPerTile ? kTcCtaPerTileWarps : (kMTiles == 2 ? kTcWideWarps : kTcWarps);
+  static constexpr int kWarps =
+      kMTiles == 2 ? kTcWideWarps : (kCtaPerTile && kNTiles == 2 ? kTcCtaPerTileWideXWarps : kTcWarps);
   static constexpr int kSharedBytes =
       kCodePairTableBytes + kTcCode2Bytes + kWarps * kTcStages * TileShape<kMTiles>::kStageBytes;
 };
@@ -499,6 +503,7 @@ template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], uint8_t* rings, int64_t rows,
                                                int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
   using Tile = TileShape<kMTiles>;
+  constexpr int kWarps = TcCta<kMTiles, kNTiles, true>::kWarps;
   constexpr int kRingBytes = kTcStages * Tile::kStageBytes;
   static_assert(8 * kNTiles * Tile::kRows * sizeof(float) <= kRingBytes, "a warp's part fits in its ring");
   const int lane = threadIdx.x % 32;
@@ -529,11 +534,11 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
         if (first_row + r >= rows) continue;
         float sum = reinterpret_cast<const float*>(rings)[i];
 #pragma unroll
-        for (int w = 1; w < TcCta<kMTiles, true>::kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
+        for (int w = 1; w < kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
         for (int c = 1; c < ctas; ++c) {
           const uint8_t* cta_rings = cluster.map_shared_rank(rings, c);
 #pragma unroll
-          for (int w = 0; w < TcCta<kMTiles, true>::kWarps; ++w) sum += reinterpret_cast<const float*>(cta_rings + w * kRingBytes)[i];
+          for (int w = 0; w < kWarps; ++w) sum += reinterpret_cast<const float*>(cta_rings + w * kRingBytes)[i];
         }
         const int64_t n = first_row + r;
         out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
@@ -552,7 +557,7 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
     if (first_row + r >= rows) continue;
     float sum = reinterpret_cast<const float*>(rings)[i];
 #pragma unroll
-    for (int w = 1; w < TcCta<kMTiles, true>::kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
+    for (int w = 1; w < kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
     const int64_t n = first_row + r;
     out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
   }
@@ -566,7 +571,7 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
 // (kCtaPerTile is a template argument, not a runtime flag, because the flag cost the 1-n-tile loop two more
 // register spills.)
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
-__global__ void __launch_bounds__(TcCta<kMTiles, kCtaPerTile>::kWarps * 32, 1)
+__global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
@@ -586,7 +591,7 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kCtaPerTile>::kWarps * 32, 1)
   const int64_t tiles = (rows + Tile::kRows - 1) / Tile::kRows;
   // One CTA per tile: the warp index as a uniform value (16 rows 5-6% faster on the k/v layers); the stream-K
   // instances keep threadIdx.x / 32, with which their loops spill less (2.5-6.6% faster; NOTES gemv row 70).
-  constexpr int kWarps = TcCta<kMTiles, kCtaPerTile>::kWarps;
+  constexpr int kWarps = TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps;
   const int64_t warp_id = int64_t{blockIdx.x} * kWarps + (kCtaPerTile ? warp_in_cta() : int(threadIdx.x / 32));
   const WarpTurns mine = warp_turns(warp_id, int64_t{gridDim.x} * kWarps, tiles * turns);
   const int64_t count = mine.end - mine.first;  // this warp's turns
@@ -1190,7 +1195,9 @@ bool tensor_core_layout_fits(const at::Tensor& x_2d, const void* packed_bytes, c
                                   : is_aligned_16(scales.absmax);
   return props->major >= 8 &&
          props->sharedMemPerBlockOptin >=
-             size_t{std::max(TcCta<1, false>::kSharedBytes, TcCta<1, true>::kSharedBytes)} && cols % kTcTurn == 0 &&
+             size_t{std::max({TcCta<1, 1, false>::kSharedBytes, TcCta<1, 2, false>::kSharedBytes,
+                              TcCta<1, 1, true>::kSharedBytes, TcCta<1, 2, true>::kSharedBytes})} &&
+         cols % kTcTurn == 0 &&
          (int64_t{1} << spec.blocksize_log2) >= kTcStep && is_aligned_16(packed_bytes) &&
          is_aligned_16(x_2d.const_data_ptr()) && scales_aligned;
 }
@@ -1205,7 +1212,7 @@ bool tensor_core_gemv_applies(const at::Tensor& x_2d, const void* packed_bytes, 
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 int prepare_tc_kernel() {
   static std::atomic<int64_t> resident[64] = {};
-  using Cta = TcCta<kMTiles, kCtaPerTile>;
+  using Cta = TcCta<kMTiles, kNTiles, kCtaPerTile>;
   return prepare_kernel(resident, tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>, Cta::kWarps * 32,
                         Cta::kSharedBytes);
 }
@@ -1220,10 +1227,10 @@ int prepare_tc_kernel() {
 constexpr int kTcTileCluster = 2;
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
-                    int shared_bytes, cudaStream_t stream) {
-  if (at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= TcCta<1, true>::kWarps) return 1;
+                    int warps, int shared_bytes, cudaStream_t stream) {
+  if (at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= warps) return 1;
   const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
-    const LaunchConfig launch(dim3(kTcTileCluster), TcCta<1, true>::kWarps * 32, shared_bytes, stream, kTcTileCluster, false);
+    const LaunchConfig launch(dim3(kTcTileCluster), warps * 32, shared_bytes, stream, kTcTileCluster, false);
     int count = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config));
     return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
@@ -1358,7 +1365,7 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     const int64_t total = tiles * turns;
     // (only 16-row tiles: 32-row ones are chosen for layers with many more turns per resident warp)
     const bool cta_per_tile = kMTiles == 1 && tc_cta_per_tile(tiles, turns, resident);
-    constexpr int kStreamKWarps = TcCta<kMTiles, false>::kWarps;
+    constexpr int kStreamKWarps = TcCta<kMTiles, kNTiles, false>::kWarps;
     const int64_t grid = cta_per_tile ? tiles
                                       : std::min(resident, (total + kStreamKWarps * kTcMinTurnsPerWarp - 1) /
                                                                (kStreamKWarps * kTcMinTurnsPerWarp));
@@ -1372,13 +1379,13 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     const auto launch = [&](auto cta_per_tile_constant) {
       constexpr bool kCtaPerTile = decltype(cta_per_tile_constant)::value;
       const auto kernel = tc_gemv_kernel<T, kMTiles, kNTiles, kNested, kCtaPerTile>;
+      using Cta = TcCta<kMTiles, kNTiles, kCtaPerTile>;
       int cluster = 1;
       if constexpr (kCtaPerTile) {
         prepare_tc_kernel<T, kMTiles, kNTiles, kNested, true>();
         static std::atomic<int64_t> fits[64] = {};
-        cluster = tc_tile_cluster(fits, kernel, tiles, turns, kNTiles, TcCta<1, true>::kSharedBytes, stream);
+        cluster = tc_tile_cluster(fits, kernel, tiles, turns, kNTiles, Cta::kWarps, Cta::kSharedBytes, stream);
       }
-      using Cta = TcCta<kMTiles, kCtaPerTile>;
       launch_kernel(kernel, dim3(static_cast<unsigned>(grid * cluster)), Cta::kWarps * 32, Cta::kSharedBytes, stream,
                     cluster, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias,
                     out, partial_data);
@@ -1399,9 +1406,10 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
   };
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   const int64_t wide_turns = (rows + TileShape<2>::kRows - 1) / TileShape<2>::kRows * (cols / kTcTurn);
-  const bool wide = props->sharedMemPerBlockOptin >= size_t{TcCta<2, false>::kSharedBytes} &&
+  const bool wide = props->sharedMemPerBlockOptin >= size_t{TcCta<2, 2, false>::kSharedBytes} &&
                     cols >= kTcWideTileMinCols &&
-                    wide_turns >= int64_t{kTcWideTileMinTurnsPerWarp} * TcCta<2, false>::kWarps * props->multiProcessorCount;
+                    wide_turns >= int64_t{kTcWideTileMinTurnsPerWarp} * TcCta<2, 2, false>::kWarps *
+                                      props->multiProcessorCount;
   TORCH_INTERNAL_ASSERT(x_rows >= 1 && x_rows <= kTensorCoreGemvLaunchRows);
   if (x_rows <= 8) {
     with_nested(One{}, One{});

@@ -92,7 +92,7 @@ def test_gemv_non_contiguous_x(rows, device):
 # tile, more than one CTA per tile takes), so several warps share each tile and the second kernel adds their
 # fp32 parts. One CTA per tile (tc_cta_per_tile: no more tiles than SMs, at most 32 turns per tile), whose
 # warps add their parts in shared memory: 61 tiles of 21 turns, the last of 8 rows, which on sm_90 at 9-16 rows
-# of x take a cluster of 2 CTAs per tile (more turns than a CTA's 16 warps: tc_tile_cluster), whose first CTA
+# of x take a cluster of 2 CTAs per tile (more turns than a CTA's 12 warps: tc_tile_cluster), whose first CTA
 # adds the second's parts through distributed shared memory (elsewhere one CTA, some warps taking 2 turns,
 # some 1); and
 # 12 turns in all (3 tiles x 4), so that most warps get none. Each with its own blocksize: one,
@@ -108,8 +108,14 @@ TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel run
 
 
 # The CTAs per tile of a small-N layer's launch at 9-16 rows of x on sm_90 (csrc/gemv.cu, kTcTileCluster), where
-# the clusters of every tile fit on the GPU at once (the test's 61 tiles do on an H100 or H200).
+# the clusters of every tile fit on the GPU at once (the test's 61 tiles do on an H100 or H200), and the warps of
+# such a CTA (kTcCtaPerTileWideXWarps): a tile of more turns than that takes a cluster.
 TILE_CLUSTER = 2
+CTA_PER_TILE_WIDE_X_WARPS = 12
+# The tensor-core kernel's 32-row tiles (csrc/gemv.cu): warps per CTA (kTcWideWarps) and the shared memory a CTA
+# takes (TcCta<2, 2, false>::kSharedBytes: the 64 KB table, the 1 KB nested map, 2 stages of 4.5 KB per warp).
+WIDE_TILE_WARPS = 14
+WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32 * 16)
 
 
 def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
@@ -137,23 +143,24 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     assert any("add_tile_parts_kernel" in name for name in names) == adds_parts, names
     if not adds_parts:  # one CTA per tile, or a cluster of TILE_CLUSTER CTAs per tile (csrc/gemv.cu, tc_tile_cluster)
         tiles, turns = -(-shape[0] // 16), shape[1] // 256
-        cluster = TILE_CLUSTER if torch.cuda.get_device_capability()[0] >= 9 and turns > 16 and rows > 8 else 1
+        on_sm90 = torch.cuda.get_device_capability()[0] >= 9
+        cluster = TILE_CLUSTER if on_sm90 and turns > CTA_PER_TILE_WIDE_X_WARPS and rows > 8 else 1
         assert launched_grids(profile, tmp_path, "tc_gemv_kernel") == [tiles * cluster]
     assert_gemv_close(out, x, packed, args, bias)
 
 
 def wide_tile_shape(whole_tiles: bool) -> tuple[int, int]:
     """A weight that takes the 32-row-tile kernel at 9-16 rows of x (csrc/gemv.cu, kTcWideTile*: K >= 8192 and
-    at least 6 wide turns per resident warp, 16 warps per SM), with a last tile of 8 rows (its second m-tile
-    wholly past W's end). Without `whole_tiles`: 67 turns per tile (odd, so warps' runs end on either stage),
-    each tile shared by several warps. With it: 32 turns per tile and 21 tiles more than 16 per SM, so the
-    warps' runs (32-33 turns) cross tiles and some take a tile whole, which goes straight to the output (a
-    ~280 MB weight: about the fewest rows that do that)."""
+    at least 6 wide turns per resident warp, WIDE_TILE_WARPS per SM), with a last tile of 8 rows (its second
+    m-tile wholly past W's end). Without `whole_tiles`: 67 turns per tile (odd, so warps' runs end on either
+    stage), each tile shared by several warps. With it: 32 turns per tile and 21 tiles more than a warp's worth
+    per SM, so the warps' runs (32-33 turns) cross tiles and some take a tile whole, which goes straight to the
+    output (a ~250 MB weight: about the fewest rows that do that)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if whole_tiles:
-        return 32 * (16 * sms + 21) - 24, 256 * 32
+        return 32 * (WIDE_TILE_WARPS * sms + 21) - 24, 256 * 32
     turns = 67
-    tiles = -(-6 * 16 * sms // turns) + 1
+    tiles = -(-6 * WIDE_TILE_WARPS * sms // turns) + 1
     return 32 * tiles - 24, 256 * turns
 
 
@@ -164,8 +171,8 @@ def wide_tile_shape(whole_tiles: bool) -> tuple[int, int]:
     ids=["shared-plain-M9", "shared-plain-M16", "shared-nested-M9", "shared-nested-M16", "whole-plain-M16"],
 )
 def test_gemv_wide_tiles(whole_tiles, nested, rows):
-    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < 212 * 1024:
-        pytest.skip("the 32-row-tile kernel needs 212 KB of shared memory per block")
+    if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < WIDE_TILE_SHARED_BYTES:
+        pytest.skip(f"the 32-row-tile kernel needs {WIDE_TILE_SHARED_BYTES} bytes of shared memory per block")
     shape = wide_tile_shape(whole_tiles)
     packed, args = weight_on("cuda", shape, "nf4", 256 if nested else 64, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
