@@ -19,14 +19,6 @@ namespace nf4 {
 constexpr int kCodePairEntryBytes = 256;  // per table entry: 32 lanes x 4 bytes, then (split operands) their lo parts
 constexpr int kCodePairTableBytes = 256 * kCodePairEntryBytes;
 
-// With fp16 / bf16 operands the entries' last 128 bytes are free: a kernel may use them as one linear space of
-// kCodePairFreeBytes, whose byte L lies at this offset from the table (in the second half of entry L / 128). 16-byte
-// pieces at multiples of 16 never straddle two entries, and a byte's bank is the one it has in a plain layout.
-constexpr int kCodePairFreeBytes = 256 * (kCodePairEntryBytes - 128);
-__host__ __device__ constexpr uint32_t code_pair_free_offset(uint32_t linear) {
-  return linear / 128 * kCodePairEntryBytes + 128 + linear % 128;
-}
-
 template <typename T>
 __device__ __forceinline__ uint16_t bits_of(T v);
 template <>

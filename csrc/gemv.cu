@@ -196,25 +196,15 @@ constexpr int kTcWideTileMinTurnsPerWarp = NF4_TC_WIDE_TILE_MIN_TURNS_PER_WARP;
 constexpr int64_t kTcWideTileMinCols = 8192;
 constexpr int kTcRowTurnBytes = kTcTurn / 2;
 constexpr int kTcRowScaleBytes = 16;
-// One stage: the tile's rows x 128 packed bytes of one turn, in the warp's ring; and 16 bytes of scales per row
-// (plain: the turn's absmax values, 4 / 2 / 1 fp32 by blocksize; nested: the 4-byte word holding the turn's uint8
-// codes, then the fp32 nested absmax), in the code pair table's free bytes (code_pair_free_offset: stage q of ring
-// w at linear byte (w * kTcStages + q) * kStageScaleBytes, 8 rows per 128-byte entry half). Out of the rings, the
-// scales take 16 KB less shared memory with 32-row tiles at 16 warps, which then fit the 196 KB shared-memory
-// carveout and leave L1 60 KB for x instead of 28 (NOTES gemv row 94).
+// One stage: the tile's rows x 128 packed bytes of one turn, then 16 bytes of scales per row (plain: the
+// turn's absmax values, 4 / 2 / 1 fp32 by blocksize; nested: the 4-byte word holding the turn's uint8
+// codes, then the fp32 nested absmax).
 template <int kMTiles>
 struct TileShape {
   static constexpr int kRows = kTcMmaRows * kMTiles;
-  static constexpr int kStageBytes = kRows * kTcRowTurnBytes;
-  static constexpr int kStageScaleBytes = kRows * kTcRowScaleBytes;
-  // from one stage's first scale byte to the next stage's, in the table
-  static constexpr int kStageScaleStride = kStageScaleBytes / 128 * kCodePairEntryBytes;
+  static constexpr int kStageWeightBytes = kRows * kTcRowTurnBytes;
+  static constexpr int kStageBytes = kStageWeightBytes + kRows * kTcRowScaleBytes;
 };
-
-// Where the scales of tile row 8 * eighth + i (i < 8) sit, from their stage's first scale byte.
-__device__ __forceinline__ int stage_scale_offset(int eighth, int i) {
-  return eighth * kCodePairEntryBytes + i * kTcRowScaleBytes;
-}
 
 // One CTA of a tensor-core launch: its warps and its shared memory (the table, the nested map, a ring per warp).
 // One CTA per tile takes only 16-row tiles.
@@ -225,8 +215,6 @@ struct TcCta {
       kMTiles == 2 ? kTcWideWarps : (kCtaPerTile && kNTiles == 2 ? kTcCtaPerTileWideXWarps : kTcWarps);
   static constexpr int kSharedBytes =
       kCodePairTableBytes + kTcCode2Bytes + kWarps * kTcStages * TileShape<kMTiles>::kStageBytes;
-  static_assert(kWarps * kTcStages * TileShape<kMTiles>::kStageScaleBytes <= kCodePairFreeBytes,
-                "every stage's scales fit the table's free bytes");
 };
 
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
@@ -292,12 +280,11 @@ __device__ __forceinline__ StageSource stage_source(const uint8_t* packed, int64
                      static_cast<int>(rows - first_row < kRows ? rows - first_row : kRows)};
 }
 
-// The warp requests the next turn of `src` into the stage at shared-window addresses `stage` (weights) and
-// `stage_scales` (the stage's first scale byte): the weight bytes as 16-byte copies (StageSource), and lanes below
-// kRows one row's scales each; then advances `src` by one turn.
+// The warp requests the next turn of `src` into the stage at shared-window address `stage`: the weight
+// bytes as 16-byte copies (StageSource), and lanes below kRows one row's scales each; then advances `src`
+// by one turn.
 template <int kRows, bool kNested>
-__device__ __forceinline__ void stage_turn(uint32_t stage, uint32_t stage_scales, StageSource& src, int64_t rows,
-                                           int64_t cols,
+__device__ __forceinline__ void stage_turn(uint32_t stage, StageSource& src, int64_t rows, int64_t cols,
                                            const BlockScales& scales, int blocksize_log2, TurnBlocks blocks,
                                            int lane) {
   static_assert(kRows <= 32, "one lane per row copies the scales");
@@ -314,7 +301,7 @@ __device__ __forceinline__ void stage_turn(uint32_t stage, uint32_t stage_scales
   src.weight += kTcRowTurnBytes;
   if (lane < kRows) {
     const int64_t first = src.scale_element >> blocksize_log2;  // the turn's first block
-    const uint32_t dst = stage_scales + stage_scale_offset(lane / 8, lane % 8);
+    const uint32_t dst = stage + kRows * kTcRowTurnBytes + lane * kTcRowScaleBytes;
     const bool there = lane < src.rows_there;
     if constexpr (!kNested) {
       const float* from = there ? scales.absmax + first : scales.absmax;
@@ -440,21 +427,21 @@ __device__ __forceinline__ void tc_gemv_step(const uint2 (&w_lo)[kMTiles], const
 }
 
 // Decodes turn s of the lane's rows 16mt + g and 16mt + g + 8 of the tile (whose row 0 starts at flat
-// element tile_start) from `stage` and `stage_scales` (the stage's first scale byte); x_turn points at the turn's
-// first x element of the lane's x row g.
+// element tile_start) from `stage`; x_turn points at the turn's first x element of the lane's x row g.
 template <typename T, int kMTiles, int kNTiles, bool kNested>
-__device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, const uint8_t* stage_scales, int64_t tile_start,
-                                             int64_t cols, int s, int g, int t, const T* x_turn, const XRows& x_rows,
+__device__ __forceinline__ void tc_gemv_turn(const uint8_t* stage, int64_t tile_start, int64_t cols, int s, int g,
+                                             int t, const T* x_turn, const XRows& x_rows,
                                              uint32_t lut, uint32_t lane4, int blocksize_log2, TurnBlocks blocks,
                                              const NestedDecode& nested, float (&acc)[kMTiles][kNTiles][4]) {
   float scale_lo[kMTiles][kTcTurnSteps], scale_hi[kMTiles][kTcTurnSteps];
+  const uint8_t* stage_scales = stage + TileShape<kMTiles>::kStageWeightBytes;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
-    const int r = kTcMmaRows * mt + g;  // rows r and r + 8: eighths 2mt and 2mt + 1 of the tile
-    turn_scales<kNested>(stage_scales + stage_scale_offset(2 * mt, g), tile_start + r * cols, s, blocksize_log2,
-                         blocks, nested, scale_lo[mt]);
-    turn_scales<kNested>(stage_scales + stage_scale_offset(2 * mt + 1, g), tile_start + (r + 8) * cols, s,
-                         blocksize_log2, blocks, nested, scale_hi[mt]);
+    const int r = kTcMmaRows * mt + g;
+    turn_scales<kNested>(stage_scales + r * kTcRowScaleBytes, tile_start + r * cols, s, blocksize_log2, blocks,
+                         nested, scale_lo[mt]);
+    turn_scales<kNested>(stage_scales + (r + 8) * kTcRowScaleBytes, tile_start + (r + 8) * cols, s, blocksize_log2,
+                         blocks, nested, scale_hi[mt]);
   }
 #pragma unroll
   for (int u = 0; u < kTcTurnSteps; ++u) {
@@ -595,8 +582,6 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   using Tile = TileShape<kMTiles>;
   uint8_t* ring =
       tc_shared + kCodePairTableBytes + kTcCode2Bytes + (threadIdx.x / 32) * (kTcStages * Tile::kStageBytes);
-  // the first scale byte of the ring's stage 0 in the table (TileShape); stage q's is kStageScaleStride * q on
-  const uint32_t ring_scales = code_pair_free_offset((threadIdx.x / 32) * kTcStages * Tile::kStageScaleBytes);
 
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -613,7 +598,6 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   const int64_t first_tile = mine.first / turns;
 
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
-  const uint32_t ring_scales_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut)) + ring_scales;
   const int first_s = static_cast<int>(mine.first - first_tile * turns);
 #if NF4_PREFETCH_BEFORE_WAIT
   // While the previous kernel finishes, L2 is asked for the warp's first turn: lane r the 128 bytes of tile row r.
@@ -634,10 +618,8 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   // and reloading them from local memory every turn took 15% of the stall samples at 16 rows on an H200
   // (NOTES gemv rows 35-36); the 16-row tiles keep the counters, which cost them fewer instructions and spills.
   const auto stage_next = [&](int64_t q, int64_t q_tile, int q_s) {
-    const int stage = static_cast<int>(q) & (kTcStages - 1);
-    stage_turn<Tile::kRows, kNested>(ring_shared + stage * Tile::kStageBytes,
-                                     ring_scales_shared + stage * Tile::kStageScaleStride, source, rows, cols, scales,
-                                     blocksize_log2, blocks, lane);
+    stage_turn<Tile::kRows, kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes,
+                                     source, rows, cols, scales, blocksize_log2, blocks, lane);
     if constexpr (kMTiles == 2) {
       while (q_s >= turns) q_s -= turns, ++q_tile;
       if (q_s + 1 == turns) source = stage_source<Tile::kRows>(packed, q_tile + 1, 0, lane, rows, cols);
@@ -712,12 +694,10 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
     copy_async_commit();
     copy_async_wait<kTcStages - 1>();
     __syncwarp();
-    const int stage = static_cast<int>(q) & (kTcStages - 1);
+    const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes;
     // (the tile's rows past the end of W are zeros; their outputs are dropped)
-    tc_gemv_turn<T, kMTiles, kNTiles, kNested>(ring + stage * Tile::kStageBytes,
-                                               lut + ring_scales + stage * Tile::kStageScaleStride,
-                                               tile * Tile::kRows * cols, cols, s, g, t, x_turn, x_lane, lut_shared,
-                                               lane4, blocksize_log2, blocks, nested, acc);
+    tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_turn, x_lane,
+                                               lut_shared, lane4, blocksize_log2, blocks, nested, acc);
     if (!kCtaPerTile && (s + 1 == turns || q + 1 == count)) flush(part_begin == 0 && s + 1 == turns);
     x_turn += kTcTurn;
     if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;

@@ -66,11 +66,13 @@ constexpr int kMrCtasPerSm = NF4_MR_CTAS_PER_SM;
 // the SM's L1 ~95 KB at two CTAs. Ring byte L (stage s at L = s * kMrStageBytes: the tile's packed bytes, then its x
 // rows) lies in the second half of table entry L / 128; 16-byte pieces never straddle two halves, and a byte's
 // bank is the same as in a plain layout (L % 128 / 4).
-static_assert(kMrStages * kMrStageBytes <= kCodePairFreeBytes && kMrStageBytes % 128 == 0,
+static_assert(kMrStages * kMrStageBytes <= 256 * (kCodePairEntryBytes - 128) && kMrStageBytes % 128 == 0,
               "the ring fills the table entries' second halves in whole 128-byte pieces");
 constexpr int kMrSharedBytes = kCodePairTableBytes + 256 * 4;
 
-__host__ __device__ constexpr uint32_t ring_offset(uint32_t linear) { return code_pair_free_offset(linear); }
+__host__ __device__ constexpr uint32_t ring_offset(uint32_t linear) {
+  return linear / 128 * kCodePairEntryBytes + 128 + linear % 128;
+}
 
 // Ring offset of stage `stage`'s byte `linear` (within the stage).
 __device__ __forceinline__ uint32_t stage_offset(int stage, uint32_t linear) {
