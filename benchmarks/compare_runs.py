@@ -4,8 +4,8 @@ bench_kernels.py, alternating between two builds.
     python benchmarks/compare_runs.py DIR [--var var] [--base base]
 
 Prints, per figure of the layer table, the sum over the layers of the mean over each build's passes, and the change
-var / base - 1; then one row per layer for the one-row figures; then, where the runs have the rows-of-x sweep, the
-nf4::gemv time per row count. Read a change net of the drift: the figures whose code the patch does not touch
+var / base - 1; then one row per layer for nf4::gemv at one row (plain, nested, fp32 x) and at 16 rows; then,
+where the runs have the rows-of-x sweep, the nf4::gemv time per row count. Read a change net of the drift: the figures whose code the patch does not touch
 (bitsandbytes, cuBLAS, and the kernels it leaves alone) move by what the machine drifted between the passes.
 """
 
@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-ONE_ROW_FIGURES = ("nf4ops_gemv_M1", "nf4ops_gemv_M1_nested", "nf4ops_gemv_M1_fp32x")
+PER_LAYER_FIGURES = ("nf4ops_gemv_M1", "nf4ops_gemv_M1_nested", "nf4ops_gemv_M1_fp32x", "nf4ops_gemv_M16")
 
 
 def load(directory: Path, name: str) -> list[dict]:
@@ -51,7 +51,7 @@ def main() -> int:
         base_sum = sum(mean_time(base, i, figure) for i in layers)
         var_sum = sum(mean_time(var, i, figure) for i in layers)
         print(f"| {figure} | {base_sum:.1f} | {var_sum:.1f} | {change(var_sum, base_sum)} |")
-    for figure in ONE_ROW_FIGURES:
+    for figure in PER_LAYER_FIGURES:
         print()
         print(f"| layer | {figure}: {args.base} µs per pass | {args.var} µs per pass | change |")
         print("| --- | --- | --- | --- |")
