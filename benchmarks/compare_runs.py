@@ -5,8 +5,9 @@ bench_kernels.py, alternating between two builds.
 
 Prints, per figure of the layer table, the sum over the layers of the mean over each build's passes, and the change
 var / base - 1; then one row per layer for nf4::gemv at one row (plain, nested, fp32 x) and at 16 rows; then,
-where the runs have the rows-of-x sweep, the nf4::gemv time per row count. Read a change net of the drift: the figures whose code the patch does not touch
-(bitsandbytes, cuBLAS, and the kernels it leaves alone) move by what the machine drifted between the passes.
+where the runs have the rows-of-x sweep, the nf4::gemv time per row count. Read a change net of the drift: the
+figures whose code the patch does not touch (bitsandbytes, cuBLAS, and the kernels it leaves alone) move by what the
+machine drifted between the passes.
 """
 
 from __future__ import annotations
