@@ -149,9 +149,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // Warps per CTA, one CTA per SM (they share one table), by kind of launch (TcCta), measured on an H100 at 12-16
 // warps and an H200 at 14-16 (NOTES gemv rows 91-93): 16 for the stream-K split of 16-row tiles (fewer were up to
 // 22% slower at 4-8 rows, and even at 9-16) and for one CTA per tile at 1-8 rows (Llama's k/v, 32 turns per tile,
-// 8-13% slower with 12); 14 for 32-row tiles (their 9-16 rows 4-10% faster than at 16 warps, and than at 12, 13
-// or 15; ptxas gives them 128 registers either way, and the cause is not known: more L1 alone, row 94, was slower);
-// 12 for one CTA per tile at 9-16 rows (the k/v layers 8-15% faster: 168 registers, no spills in the loop).
+// 8-13% slower with 12); 14 for 32-row tiles (at 16 rows 4-10% faster than at 16 warps, at 9-12 rows up to 7%, and
+// mostly faster than at 12, 13 or 15; ptxas gives them 128 registers either way, and the cause is not known: more L1
+// alone, row 94, was slower); 12 for one CTA per tile at 9-16 rows (the k/v layers 8-19% faster: 168 registers, no
+// spills in the loop).
 #ifndef NF4_TC_WARPS  // build-time knobs for tuning runs (benchmarks/NOTES.md)
 #define NF4_TC_WARPS 16
 #endif
