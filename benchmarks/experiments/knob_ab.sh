@@ -1,7 +1,7 @@
 # A/B of build-knob variants against the tree, the way NOTES gemv rows 91-95 ran them on the GPU machine: a
 # quicker cousin of scripts/gpu_ab.sh (which applies patches and runs the whole benchmark), for -D knobs and
 # several variants at once, timed by few_rows_times.py only.
-# (bitsandbytes in .gpu/site, as ../shared/docs/gpu.md says). Builds the tree (label "tree", no flags) and
+# It needs bitsandbytes in .gpu/site, as ../shared/docs/gpu.md says. Builds the tree (label "tree", no flags) and
 # VARIANTS ("name=flags;name=flags"; a variant whose .gpu/csrc_<name> exists builds those sources instead of the
 # tree's csrc, e.g. an earlier commit's) in parallel; runs tests/test_gemv.py -k "$TESTS" on the tree and each variant
 # but one named base (MORE_TEST_FILES adds files); then timing passes in the order PASSES (labels) with
