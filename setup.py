@@ -1,6 +1,8 @@
 """Builds nf4_ops._C: a CUDA extension when nvcc and a CUDA build of torch are present, else CPU-only.
 
-TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: sm_80, sm_86, sm_89, sm_90).
+TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: sm_80, sm_86, sm_89, sm_90a). sm_90a (H100, H200) has
+the warpgroup gemv kernel (wgmma, csrc/gemv.cu); a build whose only sm_90 target is sm_90a turns it on
+(NF4_WGMMA_SM90A), one with plain sm_90 code ("9.0") keeps the tensor-core kernel on those GPUs.
 NF4_OPS_CPU_ONLY=1 forces a CPU-only build.
 """
 import os
@@ -10,7 +12,7 @@ import torch
 from setuptools import setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0"
+DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0a"
 CSRC = Path("csrc")
 CPU_SOURCES = ["registration.cpp", "checks.cpp", "dequantize_cpu.cpp", "gemv_cpu.cpp"]
 CUDA_SOURCES = ["dequantize.cu", "gemv.cu", "gemv_many_rows.cu"]
@@ -42,14 +44,22 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def wgmma_flags(arch_list: str) -> list[str]:
+    """NF4_WGMMA_SM90A=1 where sm_90a is the build's only sm_90 target: an H100 or H200 then runs sm_90a code, which
+    has the warpgroup kernel (a build with plain sm_90 code too might run that, where the kernel is a trap)."""
+    archs = {a.strip().removesuffix("+PTX") for a in arch_list.replace(",", ";").replace(" ", ";").split(";")}
+    return ["-DNF4_WGMMA_SM90A=1"] if "9.0a" in archs and "9.0" not in archs else []
+
+
 def extension():
     if want_cuda():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+        wgmma = wgmma_flags(os.environ["TORCH_CUDA_ARCH_LIST"])
         return CUDAExtension(
             "nf4_ops._C",
             sources=[str(CSRC / s) for s in CPU_SOURCES + CUDA_SOURCES],
             include_dirs=wheel_cuda_include_dirs(),
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+            extra_compile_args={"cxx": CXX_FLAGS + wgmma, "nvcc": NVCC_FLAGS + wgmma},
             extra_link_args=LINK_FLAGS,
         )
     return CppExtension(

@@ -745,6 +745,272 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 }
 
 // ---------------------------------------------------------------------------------------------------------
+// Warpgroup path (sm_90a: H100 / H200; fp16 / bf16 x, kWgMinXRows to 16 rows, the tensor-core kernel's layout):
+// the tensor-core kernel's decode with wgmma. A warpgroup (4 warps) takes a tile of 64 W rows; each warp stages
+// and decodes its 16 rows exactly as tc_gemv_kernel does (its ring of turn stages, the code pair table, the
+// permuted k order) into wgmma's A operand, from registers, and the warpgroup's x (wgmma's B) sits in a stage of
+// shared memory that its 128 threads fill once per turn, so that one wgmma m64nNk16 per k-tile and warp
+// replaces tc_gemv_kernel's one mma.sync per n-tile. Against the tensor-core kernel's 16-row tiles a warp then
+// loads no x into registers (there it loaded 4x as many bytes of x as of weights at 16 rows, from L2: 16 rows of
+// a large K fit in no L1), x's traffic per weight byte falls 4x, and half the mma instructions go. Each step's 4
+// wgmmas start from zero and the scales go onto their fp32 sums once their group is done; the step's
+// wgmmas overlap the next step's decode (waiting for all but the newest group). Measured against the tensor-core
+// kernel on an H100 (NOTES gemv rows 98-99): 16 rows 10-31% faster on every layer but the k/v ones, 4-8 rows
+// 0-30%; 3 warpgroups per CTA (168 registers) 8-17% faster than 4 (128). The layers whose 16-row tiles take one
+// CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row ones) keep the tensor-core kernel.
+// Stream-K as in tc_gemv_kernel, over warpgroups: each takes a contiguous run of the (tile, turn) sequence, writes
+// the tiles it takes whole and puts its parts of shared tiles into two fp32 slots, which add_tile_parts_kernel adds
+// in warpgroup order, so the result is the same on every run.
+#ifndef NF4_WG_GROUPS
+#define NF4_WG_GROUPS 3
+#endif
+#ifndef NF4_WG_MIN_X_ROWS
+#define NF4_WG_MIN_X_ROWS 4
+#endif
+constexpr int kWgGroups = NF4_WG_GROUPS;         // warpgroups per CTA, one CTA per SM (they share one table)
+constexpr int kWgWarps = 4 * kWgGroups;
+constexpr int kWgTileRows = 4 * kTcMmaRows;      // wgmma's M
+constexpr int kWgMinXRows = NF4_WG_MIN_X_ROWS;
+constexpr int kWgXCoreBytes = 128;               // a core matrix of wgmma's B: 8 rows of x x 8 k values
+// wgmma's B for k-tile j of step u: kN rows of x x 16 k, as core matrices (K-major, no swizzle): the two along K
+// (logical k 0-7, 8-15) kWgXCoreBytes apart (the descriptor's leading byte offset), the ones along N (x rows 0-7,
+// 8-15) 2 x kWgXCoreBytes apart (its stride byte offset).
+template <int kN>
+struct WgShape {
+  static constexpr int kKTileBytes = kN * 16 * 2;
+  static constexpr int kXStageBytes = 4 * kTcTurnSteps * kKTileBytes;  // a turn's 16 k-tiles
+  static constexpr int kSharedBytes = kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages *
+                                      TileShape<1>::kStageBytes + kWgGroups * 2 * kXStageBytes;
+};
+
+// Where x row n's logical k values 8h + 2t, + 1 of k-tile j of step u go in an x stage. In the permuted k order
+// (tc_gemv_turn) those are the step's elements 16t + 4j + 2h, + 1.
+template <int kN>
+__device__ __forceinline__ uint32_t wg_x_offset(int u, int j, int n, int h, int t) {
+  return (u * 4 + j) * WgShape<kN>::kKTileBytes + (n >> 3) * 2 * kWgXCoreBytes + h * kWgXCoreBytes + (n & 7) * 16 +
+         t * 4;
+}
+
+// The shared-memory matrix descriptor of a k-tile's B at shared-window address `address` (no swizzle).
+__device__ __forceinline__ uint64_t wg_x_descriptor(uint32_t address) {
+  return uint64_t((address & 0x3FFFF) >> 4) | uint64_t(kWgXCoreBytes >> 4) << 16 |
+         uint64_t((2 * kWgXCoreBytes) >> 4) << 32;
+}
+
+// d (kN / 2 fp32 per lane) = A (this warp's 16 rows, from registers) x B (descriptor), plus d when `accumulate`.
+template <typename T, int kN>
+__device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  if constexpr (kN == 16 && kBf16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}));
+  } else if constexpr (kN == 16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}));
+  } else if constexpr (kBf16) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\nwgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}));
+  } else {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\nwgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}));
+  }
+#else
+  __trap();  // the host launches this path only where the build has sm_90a code (wg_gemv_applies)
+#endif
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define NF4_WG_ASM(text) asm volatile(text ::: "memory")
+#else
+#define NF4_WG_ASM(text) __trap()
+#endif
+
+// Requirements (checked by wg_gemv_applies): tc_gemv_kernel's, sm_90a, kWgMinXRows <= x_rows <= kN. `partial`
+// holds two [x_rows][64] fp32 slots per warpgroup (tc_partial_floats).
+template <typename T, int kN, bool kNested>
+__global__ void __launch_bounds__(kWgWarps * 32, 1)
+    wg_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
+                   QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
+                   const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
+  let_next_kernel_start();
+  using Shape = WgShape<kN>;
+  using Tile16 = TileShape<1>;
+  constexpr int kAcc = kN / 2;  // wgmma's fp32 sums per lane: W rows g, g + 8 x (kN / 8) x (x rows 2t, 2t + 1)
+  extern __shared__ __align__(128) uint8_t wg_shared[];
+  uint8_t* lut = wg_shared;
+  float* code2 = reinterpret_cast<float*>(wg_shared + kCodePairTableBytes);
+  const int warp = static_cast<int>(threadIdx.x / 32), lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int group = warp / 4, warp_in_group = warp % 4;  // the warp's rows of its group's tile: 16 x warp_in_group
+  uint8_t* ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + warp * (kTcStages * Tile16::kStageBytes);
+  uint8_t* x_ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages * Tile16::kStageBytes +
+                    group * 2 * Shape::kXStageBytes;
+  const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
+  const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
+  const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring));
+  const uint32_t lane4 = 4 * lane;
+  const TurnBlocks blocks = turn_blocks(blocksize_log2);
+  const int turns = static_cast<int>(cols / kTcTurn);  // per tile
+  const int64_t tiles = (rows + kWgTileRows - 1) / kWgTileRows;
+  const int64_t group_id = int64_t{blockIdx.x} * kWgGroups + group;
+  const WarpTurns mine = warp_turns(group_id, int64_t{gridDim.x} * kWgGroups, tiles * turns);
+  const int64_t count = mine.end - mine.first;  // the group's turns
+  const int64_t first_tile = mine.first / turns;
+  const int first_s = static_cast<int>(mine.first - first_tile * turns);
+  wait_for_previous_kernels();
+
+  // The warp's 16 rows of tile `tile` are 16-row tile 4 x tile + warp_in_group.
+  int64_t staged_tile = first_tile;
+  int staged_s = first_s;
+  StageSource source = stage_source<Tile16::kRows>(packed, 4 * first_tile + warp_in_group, first_s, lane, rows, cols);
+  const auto stage_next = [&](int64_t q) {
+    stage_turn<Tile16::kRows, kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * Tile16::kStageBytes,
+                                       source, rows, cols, scales, blocksize_log2, blocks, lane);
+    if (++staged_s == turns) {
+      staged_s = 0;
+      source = stage_source<Tile16::kRows>(packed, 4 * ++staged_tile + warp_in_group, 0, lane, rows, cols);
+    }
+  };
+  for (int q = 0; q < kTcStages - 1; ++q) {
+    if (q < count) stage_next(q);
+    copy_async_commit();
+  }
+  fill_code_pair_table<T>(lut, quant_type);
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) code2[i] = scales.code2[i];
+  }
+  NestedDecode nested{code2, 0.0f};
+  if constexpr (kNested) nested.offset = *scales.offset;
+
+  // x: lane (rn, tt) = (lane / 4, lane % 4) of the group's warp w loads, for combos c = (kN / 4) w + i, 16 bytes of
+  // x row 8 (c >> 3) + rn, step (c >> 1) & 3, elements 16 tt + 8 (c & 1) .. + 7, and stores its 4 words where
+  // wg_x_offset puts them: each store instruction fills the 32 (rn, tt) word slots of a core matrix row pair, so
+  // no two lanes share a bank. Rows past x's last are zeros.
+  constexpr int kXLoads = kN / 4;
+  uint4 x_words[kXLoads];
+  const int rn = lane / 4, tt = lane % 4;
+  const auto load_x = [&](int s) {
+#pragma unroll
+    for (int i = 0; i < kXLoads; ++i) {
+      const int combo = kXLoads * warp_in_group + i, n = 8 * (combo >> 3) + rn;
+      const T* from = x + int64_t{n < x_rows ? n : 0} * cols + int64_t{s} * kTcTurn + ((combo >> 1) & 3) * kTcStep +
+                      16 * tt + 8 * (combo & 1);
+      x_words[i] = load_16_or_zero(n < x_rows, reinterpret_cast<const uint4*>(from));
+    }
+  };
+  const auto store_x = [&](int slot) {
+    uint8_t* stage = x_ring + slot * Shape::kXStageBytes;
+#pragma unroll
+    for (int i = 0; i < kXLoads; ++i) {
+      const int combo = kXLoads * warp_in_group + i, n = 8 * (combo >> 3) + rn, u = (combo >> 1) & 3, hh = combo & 1;
+      const uint32_t words[4] = {x_words[i].x, x_words[i].y, x_words[i].z, x_words[i].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // elements 8 hh + 2w, + 1 of lane tt's 16: k-tile 2 hh + w / 2, half w % 2
+        *reinterpret_cast<uint32_t*>(stage + wg_x_offset<kN>(u, 2 * hh + w / 2, n, w % 2, tt)) = words[w];
+      }
+    }
+    NF4_WG_ASM("fence.proxy.async.shared::cta;");  // the stores, made visible to wgmma's reads
+  };
+  const auto group_barrier = [&] { asm volatile("bar.sync %0, 128;" ::"r"(1 + group) : "memory"); };
+
+  if (count > 0) load_x(first_s);
+  __syncthreads();  // the table
+  if (count <= 0) {  // fewer turns than warpgroups: an empty slot 0, which add_tile_parts_kernel adds
+    for (int i = threadIdx.x % 128; i < x_rows * kWgTileRows; i += 128) {
+      partial[group_id * 2 * x_rows * kWgTileRows + i] = 0.0f;
+    }
+    return;
+  }
+  store_x(0);
+  group_barrier();
+
+  int64_t tile = first_tile;
+  int s = first_s;
+  int part_begin = s;
+  float acc[kAcc] = {};
+  // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile, else
+  // into the group's slot for the tile (0: its first tile, 1: its last).
+  const auto flush = [&](bool whole) {
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) {
+      const int m = 8 * (i / 4) + 2 * t + i % 2;  // wgmma's accumulator i: W row g + 8 ((i / 2) % 2), x row m
+      const int r = kTcMmaRows * warp_in_group + g + 8 * ((i / 2) % 2);
+      const int64_t n = tile * kWgTileRows + r;
+      const float value = acc[i];
+      acc[i] = 0.0f;
+      if (m >= x_rows || n >= rows) continue;
+      if (whole) {
+        out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
+      } else {
+        const int64_t slot = group_id * 2 + (tile == first_tile ? 0 : 1);
+        partial[(slot * x_rows + m) * kWgTileRows + r] = value;
+      }
+    }
+  };
+
+  for (int64_t q = 0; q < count; ++q) {
+    const int slot = static_cast<int>(q & 1);
+    const bool more = q + 1 < count;
+    if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1);
+    copy_async_commit();
+    const int next_s = s + 1 == turns ? 0 : s + 1;
+    if (more) load_x(next_s);
+    copy_async_wait<kTcStages - 1>();
+    __syncwarp();
+    const uint8_t* stage = ring + slot * Tile16::kStageBytes;
+    const int64_t rows_start = (4 * tile + warp_in_group) * Tile16::kRows * cols;
+    float scale_lo[kTcTurnSteps], scale_hi[kTcTurnSteps];
+    turn_scales<kNested>(stage + Tile16::kStageWeightBytes + g * kTcRowScaleBytes, rows_start + g * cols, s,
+                         blocksize_log2, blocks, nested, scale_lo);
+    turn_scales<kNested>(stage + Tile16::kStageWeightBytes + (g + 8) * kTcRowScaleBytes, rows_start + (g + 8) * cols,
+                         s, blocksize_log2, blocks, nested, scale_hi);
+    const uint32_t x_stage = x_ring_shared + slot * Shape::kXStageBytes;
+    float sums[2][kAcc];
+    const auto add_step = [&](int u) {  // acc += the step's scales x its sums, once its wgmmas are done
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) acc[i] = fmaf((i / 2) % 2 ? scale_hi[u] : scale_lo[u], sums[u & 1][i], acc[i]);
+    };
+#pragma unroll
+    for (int u = 0; u < kTcTurnSteps; ++u) {
+      const uint2 lo = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g, u, t));
+      const uint2 hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, u, t));
+      uint32_t a[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a_fragment(j, lo, hi, lut_shared, lane4, a[j]);
+      NF4_WG_ASM("wgmma.fence.sync.aligned;");
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        wgmma_k16<T, kN>(sums[u & 1], a[j], wg_x_descriptor(x_stage + (u * 4 + j) * Shape::kKTileBytes), j > 0);
+      }
+      NF4_WG_ASM("wgmma.commit_group.sync.aligned;");
+      if (u > 0) {
+        NF4_WG_ASM("wgmma.wait_group.sync.aligned 1;");
+        add_step(u - 1);
+      }
+    }
+    NF4_WG_ASM("wgmma.wait_group.sync.aligned 0;");
+    add_step(kTcTurnSteps - 1);
+    if (s + 1 == turns || !more) flush(part_begin == 0 && s + 1 == turns);
+    if (s + 1 == turns) ++tile, part_begin = 0;
+    s = next_s;
+    __syncwarp();  // the W stage is read before it is refilled
+    // Every wgmma of the previous turn, which read the x stage refilled here, is done (this warp waited for them,
+    // and a wgmma completes for the whole group).
+    if (more) store_x(slot ^ 1);
+    group_barrier();
+  }
+}
+#undef NF4_WG_ASM
+
+// ---------------------------------------------------------------------------------------------------------
 // One-row path (one row of x, plain or nested absmax, K % 256 == 0, W rows starting on absmax block boundaries
 // (K % blocksize == 0), sm_80+, at least kOrMinStepsPerWarp steps per warp): no shared-memory staging.
 // Each lane loads its own weight bytes and scales straight into registers, kOrDepth steps ahead of the step
@@ -1350,6 +1616,71 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
   }
 }
 
+// The warpgroup kernel's instances, prepared once per device; returns its CTAs per SM.
+template <typename T, int kN, bool kNested>
+int prepare_wg_kernel() {
+  static std::atomic<int64_t> resident[64] = {};
+  return prepare_kernel(resident, wg_gemv_kernel<T, kN, kNested>, kWgWarps * 32, WgShape<kN>::kSharedBytes);
+}
+
+// Whether the warpgroup kernel takes a call that the tensor-core kernel's layout fits (tensor_core_gemv_applies):
+// where the build has sm_90a code (setup.py defines NF4_WGMMA_SM90A when its only sm_90 target is sm_90a: a build
+// that also has plain sm_90 code might run that on an H100), on an sm_90 GPU, for kWgMinXRows to 16 rows of x, on
+// layers whose 16-row tiles would not take one CTA per tile (tc_cta_per_tile: the k/v layers, where 64-row tiles
+// leave SMs idle and the probe of NOTES gemv row 98 was 27-57% slower).
+// The environment's NF4_OPS_WGMMA=0 turns the kernel off (read once per process), so that the tensor-core kernel's
+// instances that it replaces on these GPUs can still be tested and compared there.
+template <typename T>
+bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
+#if NF4_WGMMA_SM90A
+  static const bool allowed = [] {
+    const char* setting = std::getenv("NF4_OPS_WGMMA");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
+  if (!allowed || props->major != 9 || props->minor != 0 || x_rows < kWgMinXRows || x_rows > 16 ||
+      props->sharedMemPerBlockOptin < size_t{WgShape<16>::kSharedBytes}) {
+    return false;
+  }
+  const int64_t tc_resident = int64_t{prepare_tc_kernel<T, 1, 1, false, false>()} * props->multiProcessorCount;
+  return !tc_cta_per_tile((rows + TileShape<1>::kRows - 1) / TileShape<1>::kRows, static_cast<int>(cols / kTcTurn),
+                          tc_resident);
+#else
+  return false;
+#endif
+}
+
+// One launch of wg_gemv_kernel (wgmma's N: 8 for up to 8 rows of x, else 16), then add_tile_parts_kernel for the
+// tiles that several warpgroups shared. The grid gives each warpgroup at least kTcMinTurnsPerWarp turns.
+template <typename T>
+void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
+                    int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
+                    cudaStream_t stream) {
+  const auto run = [&](auto n_constant, auto nested_constant) {
+    constexpr int kN = decltype(n_constant)::value;
+    constexpr bool kNested = decltype(nested_constant)::value;
+    const int64_t resident =
+        int64_t{prepare_wg_kernel<T, kN, kNested>()} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int turns = static_cast<int>(cols / kTcTurn);
+    const int64_t total = (rows + kWgTileRows - 1) / kWgTileRows * turns;
+    const int64_t grid =
+        std::min(resident, (total + kWgGroups * kTcMinTurnsPerWarp - 1) / (kWgGroups * kTcMinTurnsPerWarp));
+    const int64_t groups = grid * kWgGroups;
+    at::Tensor partial = at::empty({tc_partial_floats(groups, x_rows, kWgTileRows)}, like.options().dtype(at::kFloat));
+    float* partial_data = partial.mutable_data_ptr<float>();
+    launch_kernel(wg_gemv_kernel<T, kN, kNested>, dim3(static_cast<unsigned>(grid)), kWgWarps * 32,
+                  WgShape<kN>::kSharedBytes, stream, 1, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows,
+                  cols, int(x_rows), bias, out, partial_data);
+    if (turns > 1) {  // with one turn per tile no tile is shared
+      launch_add_tile_parts<T>(partial_data, groups, turns, kWgTileRows, rows, x_rows, bias, out, resident, stream);
+    }
+  };
+  const auto with_nested = [&](auto n_constant) {
+    scales.nested() ? run(n_constant, std::true_type{}) : run(n_constant, std::false_type{});
+  };
+  x_rows <= 8 ? with_nested(std::integral_constant<int, 8>{}) : with_nested(std::integral_constant<int, 16>{});
+}
+
 template <typename T>
 void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
@@ -1475,6 +1806,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
       if (tensor_cores) {
         if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
           launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
+        } else if (wg_gemv_applies<T>(launch_rows, rows, cols)) {
+          launch_wg_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, out, stream);
         } else {
           launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, out, stream);
         }

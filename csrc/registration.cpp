@@ -53,9 +53,20 @@ TORCH_LIBRARY_IMPL(nf4, Meta, m) {
   m.impl("gemv", &nf4::gemv_meta);
 }
 
-// `import nf4_ops._C` needs a module init function; the ops register when the library loads.
+#ifndef NF4_WGMMA_SM90A
+#define NF4_WGMMA_SM90A 0
+#endif
+
+// `import nf4_ops._C` needs a module init function; the ops register when the library loads. Its attribute
+// wgmma_sm90a says whether the build has the warpgroup gemv kernel (setup.py), for the tests that check which kernel
+// a call takes.
 extern "C" PyObject* PyInit__C(void) {
   static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "nf4 torch operators (torch.ops.nf4)", -1,
                                    nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr && PyModule_AddIntConstant(module, "wgmma_sm90a", NF4_WGMMA_SM90A) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }

@@ -19,6 +19,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
   { echo "no NVIDIA GPU here (nvidia-smi failed)"; exit 1; }
 start=$SECONDS
 ARCH=$("$PY" -c "import torch; print('.'.join(map(str, torch.cuda.get_device_capability())))")
+[ "$ARCH" = 9.0 ] && ARCH=9.0a  # H100 / H200: sm_90a code, which has the warpgroup kernel (setup.py)
 var=$(mktemp -d)
 cp -r nf4_ops setup.py pyproject.toml benchmarks tests scripts csrc "$var/"
 for patch_file in "$@"; do

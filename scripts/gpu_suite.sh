@@ -35,13 +35,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 "$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])" | tee -a "$OUT/gpu.txt"
 "$PY" -c "import bitsandbytes as b; print('bitsandbytes', b.__version__)" 2>&1 | tail -n 1 | tee -a "$OUT/gpu.txt"
 ARCH=$("$PY" -c "import torch; print('.'.join(map(str, torch.cuda.get_device_capability())))")
+[ "$ARCH" = 9.0 ] && ARCH=9.0a  # H100 / H200: sm_90a code, which has the warpgroup kernel (setup.py)
 
 if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.py build_ext --inplace; then
   cuobjdump --dump-resource-usage nf4_ops/_C*.so >"$OUT/resources.log" 2>&1  # registers, stack, spills
   step sass "$PY" benchmarks/sass_report.py  # the gemv kernels' SASS by opcode; last line: NOTES gemv rows 71-74
   step pytest "$PY" -m pytest tests -q -p no:cacheprovider
+  # the tensor-core kernel's instances that the warpgroup kernel replaces on sm_90 (tests/test_gemv.py)
+  step pytest_tc env NF4_OPS_WGMMA=0 "$PY" -m pytest tests/test_gemv.py -q -p no:cacheprovider \
+    -k "tensor_core or wide or determin or back_to_back"
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
+  step memcheck_tc env NF4_OPS_WGMMA=0 compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" \
+    scripts/sanitizer_workload.py
   step bench "$PY" benchmarks/bench_kernels.py --out "$OUT" "${BENCH_ARGS[@]}"
   step variants "$PY" benchmarks/bench_dequantize_variants.py --out "$OUT"  # NF4/FP4, every dtype and blocksize
 fi

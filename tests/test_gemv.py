@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -118,6 +119,23 @@ WIDE_TILE_WARPS = 14
 WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32 * 16)
 
 
+# The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) to 16 rows
+# on the layers whose 16-row tiles would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
+WARPGROUP_MIN_X_ROWS = 4
+
+
+def warpgroup_kernel_on() -> bool:
+    """Whether this process's calls take the warpgroup kernel where it applies: an sm_90 GPU, a build with sm_90a
+    code (nf4_ops._C.wgmma_sm90a, setup.py) and NF4_OPS_WGMMA not 0 (scripts/gpu_suite.sh runs the tensor-core
+    kernel's tests again with it 0, so that the instances the warpgroup kernel replaces there are tested too)."""
+    return (
+        torch.cuda.is_available()
+        and torch.cuda.get_device_capability() == (9, 0)
+        and bool(nf4_ops._C.wgmma_sm90a)
+        and os.environ.get("NF4_OPS_WGMMA") != "0"
+    )
+
+
 def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
     """The grid sizes (x) of the profiled launches of `kernel`, from the profiler's trace."""
     trace = tmp_path / "trace.json"
@@ -132,6 +150,8 @@ def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
 @pytest.mark.parametrize("shape_name", list(TENSOR_CORE_SHAPES))
 def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     shape, blocksize, adds_parts = TENSOR_CORE_SHAPES[shape_name]
+    if adds_parts and rows >= WARPGROUP_MIN_X_ROWS and warpgroup_kernel_on():
+        pytest.skip("the warpgroup kernel takes this call here (test_gemv_warpgroup_kernel); NF4_OPS_WGMMA=0 tests it")
     packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
@@ -173,6 +193,8 @@ def wide_tile_shape(whole_tiles: bool) -> tuple[int, int]:
 def test_gemv_wide_tiles(whole_tiles, nested, rows):
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < WIDE_TILE_SHARED_BYTES:
         pytest.skip(f"the 32-row-tile kernel needs {WIDE_TILE_SHARED_BYTES} bytes of shared memory per block")
+    if warpgroup_kernel_on():
+        pytest.skip("the warpgroup kernel takes these calls here (test_gemv_warpgroup_kernel); NF4_OPS_WGMMA=0 tests it")
     shape = wide_tile_shape(whole_tiles)
     packed, args = weight_on("cuda", shape, "nf4", 256 if nested else 64, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
@@ -184,6 +206,42 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
     # <T, kMTiles, kNTiles, kNested, kCtaPerTile>: this test is about the wide tile, so it fails if the call did
     # not take it.
     assert any(re.search(r"tc_gemv_kernel<[^,]+, 2, 2, (true|false), false>", name) for name in kernels), kernels
+    assert_gemv_close(out, x, packed, args, bias)
+
+
+# Weights for the warpgroup kernel (64-row tiles, stream-K over warpgroups, 3 per CTA; every one has more 16-row tiles
+# than an H100 or H200 has SMs, or more turns per tile than one CTA's 16 warps take, so none takes one CTA per tile):
+# one tile of 40 rows (a warp's 16 rows wholly past W's end, another's half) shared by every warpgroup, 67 turns;
+# 401 tiles of 2 turns (most warpgroups take tiles whole and write them straight out; the last tile 40 rows);
+# 151 tiles of 21 turns (runs cross tiles; absmax blocks of 256, one per turn; the last tile 16 rows);
+# blocks of 512 that span rows (K = 4352: 17 turns).
+WARPGROUP_SHAPES = {  # name: (shape, blocksize)
+    "shared_tile": ((40, 256 * 67), 64),
+    "whole_tiles": ((64 * 400 + 40, 256 * 2), 128),
+    "crossing_runs": ((64 * 150 + 16, 256 * 21), 256),
+    "blocks_span_rows": ((64 * 40 + 8, 256 * 17), 512),
+}
+
+
+@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, a build with sm_90a code, NF4_OPS_WGMMA != 0")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("rows", [4, 7, 8, 9, 16], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+@pytest.mark.parametrize("shape_name", list(WARPGROUP_SHAPES))
+def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
+    shape, blocksize = WARPGROUP_SHAPES[shape_name]
+    packed, args = weight_on("cuda", shape, "nf4" if rows % 2 else "fp4", blocksize, nested)
+    x = random_x((rows, shape[1]), dtype, "cuda")
+    bias = random_x((shape[0],), dtype, "cuda", seed=5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        torch.cuda.synchronize()
+    names = [event.name for event in profile.events()]
+    # <T, kN, kNested>: wgmma's N is 8 for up to 8 rows of x, else 16
+    wide_n = 16 if rows > 8 else 8
+    assert sum(bool(re.search(rf"wg_gemv_kernel<[^,]+, {wide_n}, ", name)) for name in names) == 1, names
+    assert not any("tc_gemv_kernel" in name for name in names), names
+    assert any("add_tile_parts_kernel" in name for name in names), names
     assert_gemv_close(out, x, packed, args, bias)
 
 
@@ -605,13 +663,14 @@ def test_back_to_back_calls_see_what_the_call_before_did(rows):
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_gemv_is_deterministic(device):
-    # on CUDA: one CTA per tile, and tiles shared by several CTAs' warps (csrc/gemv.cu)
+    # on CUDA: one CTA per tile, and tiles shared by several CTAs' warps, or warpgroups (csrc/gemv.cu)
     for shape in [(256, 1024), (40, 4352), (40, 256 * 67)]:
         packed, args = weight_on(device, shape, "nf4", 64, True)
-        x = random_x((4, shape[1]), torch.bfloat16, device)
-        first = torch.ops.nf4.gemv(x, packed, **args)
-        for _ in range(3):
-            assert torch.equal(torch.ops.nf4.gemv(x, packed, **args), first)
+        for rows in (4, 16):
+            x = random_x((rows, shape[1]), torch.bfloat16, device)
+            first = torch.ops.nf4.gemv(x, packed, **args)
+            for _ in range(3):
+                assert torch.equal(torch.ops.nf4.gemv(x, packed, **args), first)
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)

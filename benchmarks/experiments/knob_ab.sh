@@ -13,7 +13,7 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 root=$PWD; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee $OUT/gpu.txt
 start=$SECONDS
-build() { (cd $1 && NF4_OPS_NVCC_FLAGS="$2" TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=6 python3 setup.py build_ext --inplace \
+build() { (cd $1 && NF4_OPS_NVCC_FLAGS="$2" TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=6 python3 setup.py build_ext --inplace \
   > /tmp/build_$3.log 2>&1 || tail -30 /tmp/build_$3.log); }
 names=()
 IFS=";" read -ra specs <<< "${VARIANTS}"

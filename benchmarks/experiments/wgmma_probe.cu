@@ -17,13 +17,19 @@ namespace {
 using nf4::QuantType;
 using bf16 = __nv_bfloat16;
 
-constexpr int kWarpgroups = 4;
+#ifndef WG_GROUPS
+#define WG_GROUPS 4  // warpgroups per CTA
+#endif
+#ifndef WG_PIPE
+#define WG_PIPE 0  // 1: a step's wgmmas overlap the next step's decode (wait for all but the newest group)
+#endif
+constexpr int kWarpgroups = WG_GROUPS;
 constexpr int kThreads = kWarpgroups * 128;
 constexpr int kTileRows = 64;           // W rows per warpgroup tile (wgmma's M)
 constexpr int kTurn = 256;              // K elements per turn: 4 steps of 64 (one absmax block each)
 constexpr int kWStageBytes = 16 * 128 + 16 * 16;  // a warp's 16 rows x 128 packed bytes, then 4 scales per row
 constexpr int kXStageBytes = 16 * kTurn * 2;       // 16 rows of x x 256 bf16, in wgmma's core-matrix layout
-constexpr int kSharedBytes = nf4::kCodePairTableBytes + 16 * 2 * kWStageBytes + kWarpgroups * 2 * kXStageBytes;
+constexpr int kSharedBytes = nf4::kCodePairTableBytes + kWarpgroups * 4 * 2 * kWStageBytes + kWarpgroups * 2 * kXStageBytes;
 
 #ifndef WG_LBO
 #define WG_LBO 128  // bytes between the two core matrices of a k-tile along K
@@ -70,8 +76,8 @@ wg_gemv_kernel(const bf16* __restrict__ x, int x_rows, const uint8_t* __restrict
   const uint32_t lut_s = static_cast<uint32_t>(__cvta_generic_to_shared(lut)), lane4 = 4 * lane;
   const uint32_t w_ring = lut_s + nf4::kCodePairTableBytes + warp * 2 * kWStageBytes;
   const uint8_t* w_ring_p = smem + nf4::kCodePairTableBytes + warp * 2 * kWStageBytes;
-  const uint32_t x_ring = lut_s + nf4::kCodePairTableBytes + 16 * 2 * kWStageBytes + wg * 2 * kXStageBytes;
-  uint8_t* x_ring_p = smem + nf4::kCodePairTableBytes + 16 * 2 * kWStageBytes + wg * 2 * kXStageBytes;
+  const uint32_t x_ring = lut_s + nf4::kCodePairTableBytes + kWarpgroups * 4 * 2 * kWStageBytes + wg * 2 * kXStageBytes;
+  uint8_t* x_ring_p = smem + nf4::kCodePairTableBytes + kWarpgroups * 4 * 2 * kWStageBytes + wg * 2 * kXStageBytes;
   __syncthreads();
 
   const int64_t turns = cols / kTurn, tiles = rows / kTileRows, total = tiles * turns;
@@ -145,6 +151,14 @@ wg_gemv_kernel(const bf16* __restrict__ x, int x_rows, const uint8_t* __restrict
     const float4 sc_hi = *reinterpret_cast<const float4*>(stage + 2048 + (g + 8) * 16);
     const float scale_lo[4] = {sc_lo.x, sc_lo.y, sc_lo.z, sc_lo.w}, scale_hi[4] = {sc_hi.x, sc_hi.y, sc_hi.z, sc_hi.w};
     const uint32_t x_stage = x_ring + slot * kXStageBytes;
+    float d[2][8];
+    const auto add_step = [&](int u) {  // acc += the step's scale x its sums, once its wgmmas are done
+      const float* du = d[u & 1];
+      acc[0] = fmaf(scale_lo[u], du[0], acc[0]), acc[1] = fmaf(scale_lo[u], du[1], acc[1]);
+      acc[2] = fmaf(scale_hi[u], du[2], acc[2]), acc[3] = fmaf(scale_hi[u], du[3], acc[3]);
+      acc[4] = fmaf(scale_lo[u], du[4], acc[4]), acc[5] = fmaf(scale_lo[u], du[5], acc[5]);
+      acc[6] = fmaf(scale_hi[u], du[6], acc[6]), acc[7] = fmaf(scale_hi[u], du[7], acc[7]);
+    };
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const uint2 lo = *reinterpret_cast<const uint2*>(stage + g * 128 + ((u ^ (g & 3)) << 5) + 8 * t);
@@ -156,16 +170,23 @@ wg_gemv_kernel(const bf16* __restrict__ x, int x_rows, const uint8_t* __restrict
         a[j][0] = code_pair(lut_s, lw, b0, lane4), a[j][1] = code_pair(lut_s, hw, b0, lane4);
         a[j][2] = code_pair(lut_s, lw, b0 + 1, lane4), a[j][3] = code_pair(lut_s, hw, b0 + 1, lane4);
       }
-      float d[8];
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
-      for (int j = 0; j < 4; ++j) wgmma_16(d, a[j], x_descriptor(x_stage + (u * 4 + j) * 512), j);
+      for (int j = 0; j < 4; ++j) wgmma_16(d[u & 1], a[j], x_descriptor(x_stage + (u * 4 + j) * 512), j);
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+      if (WG_PIPE) {
+        if (u > 0) {
+          asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+          add_step(u - 1);
+        }
+      } else {
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        add_step(u);
+      }
+    }
+    if (WG_PIPE) {
       asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-      acc[0] = fmaf(scale_lo[u], d[0], acc[0]), acc[1] = fmaf(scale_lo[u], d[1], acc[1]);
-      acc[2] = fmaf(scale_hi[u], d[2], acc[2]), acc[3] = fmaf(scale_hi[u], d[3], acc[3]);
-      acc[4] = fmaf(scale_lo[u], d[4], acc[4]), acc[5] = fmaf(scale_lo[u], d[5], acc[5]);
-      acc[6] = fmaf(scale_hi[u], d[6], acc[6]), acc[7] = fmaf(scale_hi[u], d[7], acc[7]);
+      add_step(3);
     }
     if (s + 1 == turns || !more) {
       // d[4 c + 2 h + e]: W row 16 wr + g + 8 h, x row 8 c + 2 t + e
