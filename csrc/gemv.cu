@@ -758,13 +758,9 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // kernel on an H100 (NOTES gemv rows 98-99): 16 rows 10-31% faster on every layer but the k/v ones, 4-8 rows
 // 0-30%; 3 warpgroups per CTA (168 registers) 8-17% faster than 4 (128). The layers whose 16-row tiles take one
 // CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row ones) keep the tensor-core kernel.
-// Work split: the tiles are shared out in contiguous ranges over clusters of CTAs (wg_clusters: 1-8 CTAs, chosen
-// per layer and GPU so that the busiest cluster has the fewest turns per SM), and a cluster's (tile, turn) sequence
-// over its warpgroups as tc_gemv_kernel's stream-K split: each takes a contiguous run, writes the tiles it takes
-// whole, and keeps its parts of shared tiles (at most its first and its last) until its run ends; then the parts go
-// into its warps' rings, and the warpgroup holding a shared tile's last turn adds the sharers' parts in warpgroup
-// order, through distributed shared memory, so that no parts leave the cluster, no second kernel runs (add_tile_parts
-// took 2-4.5 us a call here, NOTES gemv row 99) and the result is the same on every run.
+// Stream-K as in tc_gemv_kernel, over warpgroups: each takes a contiguous run of the (tile, turn) sequence, writes
+// the tiles it takes whole and puts its parts of shared tiles into two fp32 slots, which add_tile_parts_kernel adds
+// in warpgroup order, so the result is the same on every run.
 #ifndef NF4_WG_GROUPS
 #define NF4_WG_GROUPS 3
 #endif
@@ -832,17 +828,20 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], const uint32_t (&a
 #endif
 }
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define NF4_WG_ASM(text) asm volatile(text ::: "memory")
+#else
+#define NF4_WG_ASM(text) __trap()
+#endif
 
-// Requirements (checked by wg_gemv_applies): tc_gemv_kernel's, sm_90a, kWgMinXRows <= x_rows <= kN; launched in
-// clusters of `cluster_ctas` CTAs (1: no cluster).
+// Requirements (checked by wg_gemv_applies): tc_gemv_kernel's, sm_90a, kWgMinXRows <= x_rows <= kN. `partial`
+// holds two [x_rows][64] fp32 slots per warpgroup (tc_partial_floats).
 template <typename T, int kN, bool kNested>
 __global__ void __launch_bounds__(kWgWarps * 32, 1)
     wg_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
-                   const T* __restrict__ bias, T* __restrict__ out, int cluster_ctas) {
+                   const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
   let_next_kernel_start();
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // (elsewhere a trap: the host launches it only on sm_90a code)
   using Shape = WgShape<kN>;
   using Tile16 = TileShape<1>;
   constexpr int kAcc = kN / 2;  // wgmma's fp32 sums per lane: W rows g, g + 8 x (kN / 8) x (x rows 2t, 2t + 1)
@@ -861,15 +860,11 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   const TurnBlocks blocks = turn_blocks(blocksize_log2);
   const int turns = static_cast<int>(cols / kTcTurn);  // per tile
   const int64_t tiles = (rows + kWgTileRows - 1) / kWgTileRows;
-  // The cluster's tiles [tile_begin, tile_end), and this group's run of their turns (counted from tile_begin's first)
-  const int64_t clusters = gridDim.x / cluster_ctas, cluster_id = blockIdx.x / cluster_ctas;
-  const int64_t tile_begin = cluster_id * tiles / clusters, tile_end = (cluster_id + 1) * tiles / clusters;
-  const int64_t cluster_turns = (tile_end - tile_begin) * turns, cluster_groups = int64_t{cluster_ctas} * kWgGroups;
-  const int64_t group_id = (blockIdx.x % cluster_ctas) * kWgGroups + group;  // in the cluster
-  const WarpTurns mine = warp_turns(group_id, cluster_groups, cluster_turns);
+  const int64_t group_id = int64_t{blockIdx.x} * kWgGroups + group;
+  const WarpTurns mine = warp_turns(group_id, int64_t{gridDim.x} * kWgGroups, tiles * turns);
   const int64_t count = mine.end - mine.first;  // the group's turns
-  const int64_t first_tile = tile_begin + mine.first / turns;
-  const int first_s = static_cast<int>(mine.first % turns);
+  const int64_t first_tile = mine.first / turns;
+  const int first_s = static_cast<int>(mine.first - first_tile * turns);
   wait_for_previous_kernels();
 
   // The warp's 16 rows of tile `tile` are 16-row tile 4 x tile + warp_in_group.
@@ -928,33 +923,36 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
 
   if (count > 0) load_x(first_s);
   __syncthreads();  // the table
-  if (count > 0) {
-    store_x(0);
-    group_barrier();
+  if (count <= 0) {  // fewer turns than warpgroups: an empty slot 0, which add_tile_parts_kernel adds
+    for (int i = threadIdx.x % 128; i < x_rows * kWgTileRows; i += 128) {
+      partial[group_id * 2 * x_rows * kWgTileRows + i] = 0.0f;
+    }
+    return;
   }
+  store_x(0);
+  group_barrier();
 
   int64_t tile = first_tile;
   int s = first_s;
   int part_begin = s;
   float acc[kAcc] = {};
-  float first_part[kAcc] = {};  // the group's part of its first tile, when shared (its last tile's stays in acc)
-  // The warp's sums for its part of `tile`: straight to the output when the part is the whole tile; else the first
-  // tile's go to first_part and the last tile's (at the run's end) stay in acc.
+  // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile, else
+  // into the group's slot for the tile (0: its first tile, 1: its last).
   const auto flush = [&](bool whole) {
-    if (!whole) {
-      if (tile == first_tile) {
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) first_part[i] = acc[i], acc[i] = 0.0f;
-      }
-      return;
-    }
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int m = 8 * (i / 4) + 2 * t + i % 2;  // wgmma's accumulator i: W row g + 8 ((i / 2) % 2), x row m
-      const int64_t n = tile * kWgTileRows + kTcMmaRows * warp_in_group + g + 8 * ((i / 2) % 2);
+      const int r = kTcMmaRows * warp_in_group + g + 8 * ((i / 2) % 2);
+      const int64_t n = tile * kWgTileRows + r;
       const float value = acc[i];
       acc[i] = 0.0f;
-      if (m < x_rows && n < rows) out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
+      if (m >= x_rows || n >= rows) continue;
+      if (whole) {
+        out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
+      } else {
+        const int64_t slot = group_id * 2 + (tile == first_tile ? 0 : 1);
+        partial[(slot * x_rows + m) * kWgTileRows + r] = value;
+      }
     }
   };
 
@@ -1009,51 +1007,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     if (more) store_x(slot ^ 1);
     group_barrier();
   }
-
-  // The parts of shared tiles: slot 0 (the first tile) and 1 (the last) of [x_rows][64] fp32 each, in the group's 4
-  // warps' rings (18 KB), once every copy into them has landed and the group's warps are past their last turn
-  // (zeros for a group without turns, which a sharer range may span).
-  copy_async_wait<0>();
-  group_barrier();
-  float* group_slots = reinterpret_cast<float*>(wg_shared + kCodePairTableBytes + kTcCode2Bytes +
-                                                4 * group * kTcStages * Tile16::kStageBytes);
-  const int slot_floats = x_rows * kWgTileRows;
-#pragma unroll
-  for (int i = 0; i < kAcc; ++i) {
-    const int m = 8 * (i / 4) + 2 * t + i % 2;
-    const int r = kTcMmaRows * warp_in_group + g + 8 * ((i / 2) % 2);
-    if (m < x_rows) {
-      group_slots[m * kWgTileRows + r] = count > 0 ? first_part[i] : 0.0f;
-      group_slots[slot_floats + m * kWgTileRows + r] = acc[i];
-    }
-  }
-  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const auto cluster_barrier = [&] { cluster_ctas > 1 ? cluster.sync() : __syncthreads(); };
-  cluster_barrier();
-  // The group holding the last turn of a tile whose first turn another group holds (its first tile, begun inside)
-  // adds the sharers' parts in group order: the first sharer's (its slot 1 if its run began in an earlier tile,
-  // else 0), then every later one's slot 0.
-  const int64_t tile_first_turn = (first_tile - tile_begin) * turns;
-  if (count > 0 && first_s > 0 && mine.end >= tile_first_turn + turns) {
-    const int64_t first_sharer = warp_of_turn(tile_first_turn, cluster_groups, cluster_turns);
-    const int first_slot = warp_turns(first_sharer, cluster_groups, cluster_turns).first < tile_first_turn ? 1 : 0;
-    const auto slots_of = [&](int64_t sharer) {  // that group's slots, in its CTA's shared memory
-      float* local = reinterpret_cast<float*>(wg_shared + kCodePairTableBytes + kTcCode2Bytes +
-                                              4 * (sharer % kWgGroups) * kTcStages * Tile16::kStageBytes);
-      return cluster_ctas > 1 ? cluster.map_shared_rank(local, static_cast<unsigned>(sharer / kWgGroups)) : local;
-    };
-    for (int i = threadIdx.x % 128; i < slot_floats; i += 128) {
-      const int64_t n = first_tile * kWgTileRows + i % kWgTileRows;
-      if (n >= rows) continue;
-      float sum = slots_of(first_sharer)[first_slot * slot_floats + i];
-      for (int64_t sharer = first_sharer + 1; sharer <= group_id; ++sharer) sum += slots_of(sharer)[i];
-      out[(i / kWgTileRows) * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
-    }
-  }
-  cluster_barrier();  // no CTA leaves while another reads its shared memory
-#else
-  __trap();
-#endif
 }
 #undef NF4_WG_ASM
 
@@ -1672,9 +1625,10 @@ int prepare_wg_kernel() {
 
 // Whether the warpgroup kernel takes a call that the tensor-core kernel's layout fits (tensor_core_gemv_applies):
 // where the build has sm_90a code (setup.py defines NF4_WGMMA_SM90A when its only sm_90 target is sm_90a: a build
-// that also has plain sm_90 code might run that on an H100), on an sm_90 GPU, for kWgMinXRows to 16 rows of x, on
-// layers whose 16-row tiles would not take one CTA per tile (tc_cta_per_tile: the k/v layers, where 64-row tiles
-// leave SMs idle and the probe of NOTES gemv row 98 was 27-57% slower).
+// that also has plain sm_90 code might run that on an H100), on an sm_90 GPU, for kWgMinXRows to 16 rows of x, up to
+// the rows ops.h's kWarpgroupXRowLimits gives W's size, on layers whose 16-row tiles would not take one CTA per tile
+// (tc_cta_per_tile: the k/v layers, where 64-row tiles leave SMs idle and the probe of NOTES gemv row 98 was 27-57%
+// slower).
 // The environment's NF4_OPS_WGMMA=0 turns the kernel off (read once per process), so that the tensor-core kernel's
 // instances that it replaces on these GPUs can still be tested and compared there.
 template <typename T>
@@ -1685,7 +1639,8 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
     return setting == nullptr || std::strcmp(setting, "0") != 0;
   }();
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  if (!allowed || props->major != 9 || props->minor != 0 || x_rows < kWgMinXRows || x_rows > 16 ||
+  if (!allowed || props->major != 9 || props->minor != 0 || x_rows < kWgMinXRows ||
+      x_rows > gemv_row_limit(kWarpgroupXRowLimits, rows, cols) ||
       props->sharedMemPerBlockOptin < size_t{WgShape<16>::kSharedBytes}) {
     return false;
   }
@@ -1697,53 +1652,30 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 #endif
 }
 
-// The clusters of a warpgroup launch (wg_gemv_kernel's work split): of 1, 2, 4 and 8 CTAs per cluster, the size
-// whose busiest cluster has the fewest tiles per CTA, ceil(tiles / clusters) / size, where `clusters` is how many
-// clusters of that size fit on the GPU at once (cudaOccupancyMaxActiveClusters, asked once per device and size; at
-// most one per tile), and the smaller size on a tie (its barriers are cheaper). On a 132-SM H100 e.g. Llama's q (128
-// tiles) takes 128 single CTAs, Qwen's gate/up (400) clusters of 8.
-constexpr int kWgMaxClusterCtas = 8;
-struct WgClusters {
-  int size;          // CTAs per cluster
-  int64_t clusters;  // clusters in the grid
-};
-template <typename Kernel>
-WgClusters wg_clusters(std::atomic<int64_t> (&fits)[4][64], Kernel kernel, int64_t tiles, int shared_bytes,
-                       cudaStream_t stream, int64_t resident_ctas) {
-  WgClusters best{1, std::min(tiles, resident_ctas)};
-  if (at::cuda::getCurrentDeviceProperties()->major < 9) return best;
-  int64_t best_tiles = (tiles + best.clusters - 1) / best.clusters;  // the busiest cluster's
-  for (int size = 2, i = 1; size <= kWgMaxClusterCtas; size *= 2, ++i) {
-    const int64_t fit = once_per_device(fits[i], [&](int) -> int64_t {
-      const LaunchConfig launch(dim3(size), kWgWarps * 32, shared_bytes, stream, size, false);
-      int count = 0;
-      C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config));
-      return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
-    }) - 1;
-    const int64_t clusters = std::min(tiles, fit);
-    if (clusters < 1) continue;
-    const int64_t busiest = (tiles + clusters - 1) / clusters;
-    if (busiest * best.size < best_tiles * size) best = WgClusters{size, clusters}, best_tiles = busiest;
-  }
-  return best;
-}
-
-// One launch of wg_gemv_kernel (wgmma's N: 8 for up to 8 rows of x, else 16), in clusters (wg_clusters).
+// One launch of wg_gemv_kernel (wgmma's N: 8 for up to 8 rows of x, else 16), then add_tile_parts_kernel for the
+// tiles that several warpgroups shared. The grid gives each warpgroup at least kTcMinTurnsPerWarp turns.
 template <typename T>
 void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
-                    int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
+                    int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
+                    cudaStream_t stream) {
   const auto run = [&](auto n_constant, auto nested_constant) {
     constexpr int kN = decltype(n_constant)::value;
     constexpr bool kNested = decltype(nested_constant)::value;
-    const auto kernel = wg_gemv_kernel<T, kN, kNested>;
     const int64_t resident =
         int64_t{prepare_wg_kernel<T, kN, kNested>()} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    static std::atomic<int64_t> fits[4][64] = {};  // [1..3]: clusters of 2, 4, 8 CTAs that fit at once (+ 1)
-    const WgClusters grid = wg_clusters(fits, kernel, (rows + kWgTileRows - 1) / kWgTileRows,
-                                        WgShape<kN>::kSharedBytes, stream, resident);
-    launch_kernel(kernel, dim3(static_cast<unsigned>(grid.clusters * grid.size)), kWgWarps * 32,
-                  WgShape<kN>::kSharedBytes, stream, grid.size, x, packed, scales, spec.quant_type,
-                  spec.blocksize_log2, rows, cols, int(x_rows), bias, out, grid.size);
+    const int turns = static_cast<int>(cols / kTcTurn);
+    const int64_t total = (rows + kWgTileRows - 1) / kWgTileRows * turns;
+    const int64_t grid =
+        std::min(resident, (total + kWgGroups * kTcMinTurnsPerWarp - 1) / (kWgGroups * kTcMinTurnsPerWarp));
+    const int64_t groups = grid * kWgGroups;
+    at::Tensor partial = at::empty({tc_partial_floats(groups, x_rows, kWgTileRows)}, like.options().dtype(at::kFloat));
+    float* partial_data = partial.mutable_data_ptr<float>();
+    launch_kernel(wg_gemv_kernel<T, kN, kNested>, dim3(static_cast<unsigned>(grid)), kWgWarps * 32,
+                  WgShape<kN>::kSharedBytes, stream, 1, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows,
+                  cols, int(x_rows), bias, out, partial_data);
+    if (turns > 1) {  // with one turn per tile no tile is shared
+      launch_add_tile_parts<T>(partial_data, groups, turns, kWgTileRows, rows, x_rows, bias, out, resident, stream);
+    }
   };
   const auto with_nested = [&](auto n_constant) {
     scales.nested() ? run(n_constant, std::true_type{}) : run(n_constant, std::false_type{});
@@ -1877,7 +1809,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
         if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
           launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
         } else if (wg_gemv_applies<T>(launch_rows, rows, cols)) {
-          launch_wg_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
+          launch_wg_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, out, stream);
         } else {
           launch_tc_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, out, stream);
         }

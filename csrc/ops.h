@@ -157,6 +157,17 @@ constexpr GemvRowLimit kOneRowXRowLimitsFastMemory[] = {
     {48, 1},
 };
 
+//  - fp16 / bf16 x on CUDA where the warpgroup kernel applies (csrc/gemv.cu, wg_gemv_applies: sm_90a builds on
+//    H100 / H200, 4-16 rows, layers whose 16-row tiles would not take one CTA per tile): up to these many rows by the
+//    size of W, then the tensor-core kernel. Measured against the tensor-core kernel, 16 calls per graph, every paper
+//    layer at 2-16 rows, two passes (NOTES gemv row 99). H100: 4-8 rows 4-23% faster on the q/o layers (Gemma's q 8 rows
+//    11.6 us against 15.1), 1-4% on Gemma's and Qwen's gate/up and down; 12-16 rows -8% to +1% (Gemma's down 41.2
+//    against 45.0, Llama's q 28.2 against 29.1); on Llama's gate/up and down (112 MiB) 1-4% slower at 4-16 rows.
+constexpr GemvRowLimit kWarpgroupXRowLimits[] = {
+    {0, 16},
+    {100, 0},
+};
+
 // The max_rows of the last limit whose min_packed_mib the packed W reaches.
 template <size_t kCount>
 int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64_t cols) {

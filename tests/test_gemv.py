@@ -119,9 +119,11 @@ WIDE_TILE_WARPS = 14
 WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32 * 16)
 
 
-# The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) to 16 rows
-# on the layers whose 16-row tiles would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
+# The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) rows up to
+# the limit by W's size (csrc/ops.h, kWarpgroupXRowLimits: (packed MiB from, rows)) on the layers whose 16-row tiles
+# would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
 WARPGROUP_MIN_X_ROWS = 4
+WARPGROUP_X_ROW_LIMITS = [(0, 16), (100, 0)]
 
 
 def warpgroup_kernel_on() -> bool:
@@ -134,6 +136,14 @@ def warpgroup_kernel_on() -> bool:
         and bool(nf4_ops._C.wgmma_sm90a)
         and os.environ.get("NF4_OPS_WGMMA") != "0"
     )
+
+
+def warpgroup_takes(shape, rows) -> bool:
+    """Whether a call of `rows` rows on a W of `shape` whose 16-row tiles would not take one CTA per tile takes the
+    warpgroup kernel in this process."""
+    packed_mib = shape[0] * shape[1] // 2 // 2**20
+    limit = [max_rows for mib, max_rows in WARPGROUP_X_ROW_LIMITS if packed_mib >= mib][-1]
+    return warpgroup_kernel_on() and WARPGROUP_MIN_X_ROWS <= rows <= limit
 
 
 def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
@@ -150,7 +160,7 @@ def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
 @pytest.mark.parametrize("shape_name", list(TENSOR_CORE_SHAPES))
 def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     shape, blocksize, adds_parts = TENSOR_CORE_SHAPES[shape_name]
-    if adds_parts and rows >= WARPGROUP_MIN_X_ROWS and warpgroup_kernel_on():
+    if adds_parts and warpgroup_takes(shape, rows):
         pytest.skip("the warpgroup kernel takes this call here (test_gemv_warpgroup_kernel); NF4_OPS_WGMMA=0 tests it")
     packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
@@ -193,9 +203,9 @@ def wide_tile_shape(whole_tiles: bool) -> tuple[int, int]:
 def test_gemv_wide_tiles(whole_tiles, nested, rows):
     if torch.cuda.get_device_properties(0).shared_memory_per_block_optin < WIDE_TILE_SHARED_BYTES:
         pytest.skip(f"the 32-row-tile kernel needs {WIDE_TILE_SHARED_BYTES} bytes of shared memory per block")
-    if warpgroup_kernel_on():
-        pytest.skip("the warpgroup kernel takes these calls here (test_gemv_warpgroup_kernel); NF4_OPS_WGMMA=0 tests it")
     shape = wide_tile_shape(whole_tiles)
+    if warpgroup_takes(shape, rows):
+        pytest.skip("the warpgroup kernel takes this call here (test_gemv_warpgroup_kernel); NF4_OPS_WGMMA=0 tests it")
     packed, args = weight_on("cuda", shape, "nf4", 256 if nested else 64, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
     bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
@@ -209,22 +219,17 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-# Weights for the warpgroup kernel (64-row tiles shared out over clusters of 1-8 CTAs, stream-K over a cluster's
-# warpgroups, 3 per CTA, the parts of shared tiles added in the cluster; every one has more 16-row tiles than an H100
-# or H200 has SMs, or more turns per tile than one CTA's 16 warps take, so none takes one CTA per tile). On a
-# 132-SM H100 / H200 the first four take clusters of 8, 4, 4 and 8 CTAs (csrc/gemv.cu, wg_clusters), the last single
-# CTAs:
-# one tile of 40 rows (a warp's 16 rows wholly past W's end, another's half) shared by a cluster's warpgroups, 67 turns;
+# Weights for the warpgroup kernel (64-row tiles, stream-K over warpgroups, 3 per CTA; every one has more 16-row tiles
+# than an H100 or H200 has SMs, or more turns per tile than one CTA's 16 warps take, so none takes one CTA per tile):
+# one tile of 40 rows (a warp's 16 rows wholly past W's end, another's half) shared by every warpgroup, 67 turns;
 # 401 tiles of 2 turns (most warpgroups take tiles whole and write them straight out; the last tile 40 rows);
 # 151 tiles of 21 turns (runs cross tiles; absmax blocks of 256, one per turn; the last tile 16 rows);
-# blocks of 512 that span rows (K = 4352: 17 turns);
-# 128 tiles of 3 turns, one per CTA, each shared by its 3 warpgroups (the last tile 40 rows).
+# blocks of 512 that span rows (K = 4352: 17 turns).
 WARPGROUP_SHAPES = {  # name: (shape, blocksize)
     "shared_tile": ((40, 256 * 67), 64),
     "whole_tiles": ((64 * 400 + 40, 256 * 2), 128),
     "crossing_runs": ((64 * 150 + 16, 256 * 21), 256),
     "blocks_span_rows": ((64 * 40 + 8, 256 * 17), 512),
-    "tile_per_cta": ((64 * 128 - 24, 256 * 3), 64),
 }
 
 
@@ -235,6 +240,7 @@ WARPGROUP_SHAPES = {  # name: (shape, blocksize)
 @pytest.mark.parametrize("shape_name", list(WARPGROUP_SHAPES))
 def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
     shape, blocksize = WARPGROUP_SHAPES[shape_name]
+    assert warpgroup_takes(shape, rows)  # the shapes are built to take it
     packed, args = weight_on("cuda", shape, "nf4" if rows % 2 else "fp4", blocksize, nested)
     x = random_x((rows, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=5)
@@ -245,7 +251,8 @@ def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
     # <T, kN, kNested>: wgmma's N is 8 for up to 8 rows of x, else 16
     wide_n = 16 if rows > 8 else 8
     assert sum(bool(re.search(rf"wg_gemv_kernel<[^,]+, {wide_n}, ", name)) for name in names) == 1, names
-    assert not any("tc_gemv_kernel" in name or "add_tile_parts_kernel" in name for name in names), names
+    assert not any("tc_gemv_kernel" in name for name in names), names
+    assert any("add_tile_parts_kernel" in name for name in names), names
     assert_gemv_close(out, x, packed, args, bias)
 
 
