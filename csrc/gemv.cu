@@ -1626,7 +1626,7 @@ int prepare_wg_kernel() {
 // Whether the warpgroup kernel takes a call that the tensor-core kernel's layout fits (tensor_core_gemv_applies):
 // where the build has sm_90a code (setup.py defines NF4_WGMMA_SM90A when its only sm_90 target is sm_90a: a build
 // that also has plain sm_90 code might run that on an H100), on an sm_90 GPU, for kWgMinXRows to 16 rows of x, up to
-// the rows ops.h's kWarpgroupXRowLimits gives W's size, on layers whose 16-row tiles would not take one CTA per tile
+// the rows ops.h's warpgroup_gemv_max_x_rows gives W's size and the GPU's memory class, on layers whose 16-row tiles would not take one CTA per tile
 // (tc_cta_per_tile: the k/v layers, where 64-row tiles leave SMs idle and the probe of NOTES gemv row 98 was 27-57%
 // slower).
 // The environment's NF4_OPS_WGMMA=0 turns the kernel off (read once per process), so that the tensor-core kernel's
@@ -1640,7 +1640,7 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
   }();
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   if (!allowed || props->major != 9 || props->minor != 0 || x_rows < kWgMinXRows ||
-      x_rows > gemv_row_limit(kWarpgroupXRowLimits, rows, cols) ||
+      x_rows > warpgroup_gemv_max_x_rows(rows, cols, peak_memory_GBps()) ||
       props->sharedMemPerBlockOptin < size_t{WgShape<16>::kSharedBytes}) {
     return false;
   }

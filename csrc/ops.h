@@ -167,6 +167,13 @@ constexpr GemvRowLimit kWarpgroupXRowLimits[] = {
     {0, 16},
     {100, 0},
 };
+//    H200 (NOTES gemv row 101): 4-8 rows 6-24% faster below 32 MiB (Gemma's q 8 rows 11.2 us against 14.7, Qwen's q/o
+//    7-9%), Llama's q/o (32 MiB) -2 to +3%; 4 rows 4-19% slower on the gate/up and down layers (Gemma's gate/up 33.6
+//    against 28.3), 12-16 rows within -3% to +9% (no layer 4% faster; Qwen's down +7-9%).
+constexpr GemvRowLimit kWarpgroupXRowLimitsFastMemory[] = {
+    {0, 8},
+    {32, 0},
+};
 
 // The max_rows of the last limit whose min_packed_mib the packed W reaches.
 template <size_t kCount>
@@ -234,6 +241,12 @@ inline int64_t many_rows_gemv_max_rows(int64_t rows, int64_t cols, int64_t peak_
 inline int64_t one_row_gemv_max_x_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
   return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kOneRowXRowLimitsFastMemory, rows, cols)
                                                     : gemv_row_limit(kOneRowXRowLimits, rows, cols);
+}
+
+// The most rows of fp16 / bf16 x that the warpgroup kernel takes (from kWgMinXRows) on this W and GPU.
+inline int64_t warpgroup_gemv_max_x_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
+  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kWarpgroupXRowLimitsFastMemory, rows, cols)
+                                                    : gemv_row_limit(kWarpgroupXRowLimits, rows, cols);
 }
 
 // How many of the last rows of x take a launch of their own in a call of x_rows rows that the many-rows kernel takes.

@@ -120,10 +120,12 @@ WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32
 
 
 # The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) rows up to
-# the limit by W's size (csrc/ops.h, kWarpgroupXRowLimits: (packed MiB from, rows)) on the layers whose 16-row tiles
+# the limit by W's size and the GPU's memory class (csrc/ops.h, kWarpgroupXRowLimits*: (packed MiB from, rows)) on
+# the layers whose 16-row tiles
 # would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
 WARPGROUP_MIN_X_ROWS = 4
 WARPGROUP_X_ROW_LIMITS = [(0, 16), (100, 0)]
+WARPGROUP_X_ROW_LIMITS_FAST_MEMORY = [(0, 8), (32, 0)]
 
 
 def warpgroup_kernel_on() -> bool:
@@ -141,9 +143,11 @@ def warpgroup_kernel_on() -> bool:
 def warpgroup_takes(shape, rows) -> bool:
     """Whether a call of `rows` rows on a W of `shape` whose 16-row tiles would not take one CTA per tile takes the
     warpgroup kernel in this process."""
+    if not warpgroup_kernel_on():
+        return False
     packed_mib = shape[0] * shape[1] // 2 // 2**20
-    limit = [max_rows for mib, max_rows in WARPGROUP_X_ROW_LIMITS if packed_mib >= mib][-1]
-    return warpgroup_kernel_on() and WARPGROUP_MIN_X_ROWS <= rows <= limit
+    limits = WARPGROUP_X_ROW_LIMITS_FAST_MEMORY if has_fast_memory() else WARPGROUP_X_ROW_LIMITS
+    return WARPGROUP_MIN_X_ROWS <= rows <= [max_rows for mib, max_rows in limits if packed_mib >= mib][-1]
 
 
 def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
@@ -240,7 +244,8 @@ WARPGROUP_SHAPES = {  # name: (shape, blocksize)
 @pytest.mark.parametrize("shape_name", list(WARPGROUP_SHAPES))
 def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
     shape, blocksize = WARPGROUP_SHAPES[shape_name]
-    assert warpgroup_takes(shape, rows)  # the shapes are built to take it
+    if not warpgroup_takes(shape, rows):  # the shapes are built to take it where these rows do (csrc/ops.h)
+        pytest.skip("this GPU's memory class keeps the tensor-core kernel at these rows (csrc/ops.h)")
     packed, args = weight_on("cuda", shape, "nf4" if rows % 2 else "fp4", blocksize, nested)
     x = random_x((rows, shape[1]), dtype, "cuda")
     bias = random_x((shape[0],), dtype, "cuda", seed=5)
