@@ -141,9 +141,13 @@ def warpgroup_kernel_on() -> bool:
 
 
 def warpgroup_takes(shape, rows) -> bool:
-    """Whether a call of `rows` rows on a W of `shape` whose 16-row tiles would not take one CTA per tile takes the
-    warpgroup kernel in this process."""
+    """Whether a call of `rows` rows of fp16 / bf16 x on a W of `shape` that the tensor-core kernel's layout fits
+    (K % 256 == 0) takes the warpgroup kernel in this process: not where the tensor-core kernel's 16-row tiles would
+    take one CTA per tile (no more tiles than SMs, at most 32 turns per tile: csrc/gemv.cu, tc_cta_per_tile)."""
     if not warpgroup_kernel_on():
+        return False
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if -(-shape[0] // 16) <= sms and shape[1] // 256 <= 32:
         return False
     packed_mib = shape[0] * shape[1] // 2 // 2**20
     limits = WARPGROUP_X_ROW_LIMITS_FAST_MEMORY if has_fast_memory() else WARPGROUP_X_ROW_LIMITS
@@ -397,7 +401,7 @@ def test_gemv_one_row_kernel(case):
 def check_one_row_x_rows(shape, packed, args, dtype, bias):
     """Several rows of fp16 / bf16 x on a W the one-row kernel takes: up to one_row_max_x_rows rows (by W's size) take
     one launch of it, which decodes each step once for all of them, each row the same bits as that row alone; a row
-    more takes the tensor-core kernel."""
+    more takes the tensor-core kernel (or the warpgroup kernel, where it applies)."""
     max_rows = one_row_max_x_rows(shape)
     for rows in range(2, max_rows + 2):
         # x is followed in memory by NaNs, so a read past its last row would turn outputs into NaNs
@@ -408,7 +412,8 @@ def check_one_row_x_rows(shape, packed, args, dtype, bias):
             out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
-        kernel = "one_row_gemv_kernel" if rows <= max_rows else "tc_gemv_kernel"
+        more = "wg_gemv_kernel" if warpgroup_takes(shape, rows) else "tc_gemv_kernel"
+        kernel = "one_row_gemv_kernel" if rows <= max_rows else more
         assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
         assert_gemv_close(out, x, packed, args, bias)
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out)  # the same bits every run
@@ -608,7 +613,8 @@ def test_gemv_many_rows(shape_name, nested, dtype):
         takes = rows <= max_rows
         assert sum("many_rows_gemv_kernel" in name for name in names) == takes, (rows, names)
         tail = rows % 32 if takes and rows > 32 and rows % 32 <= max_tail_rows else 0
-        launches = sum("tc_gemv_kernel" in name or "one_row_gemv_kernel" in name for name in names)
+        launches = sum(any(k in name for k in ("tc_gemv_kernel", "wg_gemv_kernel", "one_row_gemv_kernel"))
+                       for name in names)  # fmt: skip
         if not takes:  # past the limit: dequantize + cuBLAS
             assert launches == 0 and any("dequantize" in name for name in names), names
         else:
