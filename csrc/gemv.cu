@@ -1,13 +1,15 @@
-// nf4::gemv on CUDA, five paths chosen per call (the crossover constants in ops.h, and each path's rule here):
+// nf4::gemv on CUDA, six paths chosen per call (the crossover constants in ops.h, and each path's rule here):
 //  - the one-row kernel (below, "One-row path"): one row of fp16/bf16 x (up to kOrMaxXRows rows, decoded together),
 //    or of fp32 x as split bf16 operands (MmaOperand), on sm_80+, plain or nested absmax, on layers with enough steps
 //    per warp (one_row_gemv_applies), and for fp32 x of up to kOneRowFp32RowLimits (ops.h) rows, one launch that takes
 //    the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to kTensorCoreGemvLaunchRows rows, in one launch;
+//  - the warpgroup kernel (below, "Warpgroup path"): the tensor-core kernel's calls of kWgMinXRows rows and more, up
+//    to warpgroup_gemv_max_x_rows (ops.h), on H100 / H200 with sm_90a code but on small-N layers (wg_gemv_applies);
 //  - the many-rows kernel (csrc/gemv_many_rows.cu): fp16/bf16 x of 17 up to many_rows_gemv_max_rows rows where the
 //    tensor-core kernel's layout fits, in one launch, but for a few last rows on large W (many_rows_gemv_tail_rows),
-//    which then take one launch of the one-row or tensor-core kernel, as a call of those rows alone would;
+//    which then take one launch of the one-row, tensor-core or warpgroup kernel, as a call of those rows alone would;
 //  - the CUDA-core kernel (fp32 x that the one-row kernel does not take, odd shapes, up to kFusedGemvMaxRows
 //    rows): one warp per row n of W decodes that row once and dots it with every row of x, accumulating in fp32;
 //  - more rows: W is dequantized once to x's dtype and cuBLAS does the matrix product.
@@ -754,10 +756,13 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // loads no x into registers (there it loaded 4x as many bytes of x as of weights at 16 rows, from L2: 16 rows of
 // a large K fit in no L1), x's traffic per weight byte falls 4x, and half the mma instructions go. Each step's 4
 // wgmmas start from zero and the scales go onto their fp32 sums once their group is done; the step's
-// wgmmas overlap the next step's decode (waiting for all but the newest group). Measured against the tensor-core
-// kernel on an H100 (NOTES gemv rows 98-99): 16 rows 10-31% faster on every layer but the k/v ones, 4-8 rows
-// 0-30%; 3 warpgroups per CTA (168 registers) 8-17% faster than 4 (128). The layers whose 16-row tiles take one
-// CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row ones) keep the tensor-core kernel.
+// wgmmas overlap the next step's decode (waiting for all but the newest group). 3 warpgroups per CTA (up to 168
+// registers) were 8-17% faster than 4 (128) in row 98's probe. Measured against the tensor-core kernel (NOTES gemv
+// rows 99 and 101; the rows it takes by W's size and GPU are in ops.h): on an H100 4-8 rows 4-23% faster on the q/o
+// layers, 12-16 rows -8% to +1%; on an H200 faster only at 4-8 rows on the small q/o layers. Its second kernel
+// (add_tile_parts_kernel) costs it 2-4.5 us a call; adding the parts in the kernel, in clusters, was slower (row 100).
+// The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
+// ones; 27-57% slower in row 98's probe) keep the tensor-core kernel.
 // Stream-K as in tc_gemv_kernel, over warpgroups: each takes a contiguous run of the (tile, turn) sequence, writes
 // the tiles it takes whole and puts its parts of shared tiles into two fp32 slots, which add_tile_parts_kernel adds
 // in warpgroup order, so the result is the same on every run.
