@@ -333,6 +333,20 @@ struct NestedDecode {
   float offset;
 };
 
+// The CTA fills the code pair table at `lut` and, for nested absmax, state2.code at `code2` (both in shared memory;
+// the caller syncs before reading them), and returns what the nested scales are decoded with.
+template <typename T, bool kNested>
+__device__ __forceinline__ NestedDecode fill_decode_tables(uint8_t* lut, float* code2, QuantType quant_type,
+                                                          const BlockScales& scales) {
+  fill_code_pair_table<T>(lut, quant_type);
+  NestedDecode nested{code2, 0.0f};
+  if constexpr (kNested) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) code2[i] = scales.code2[i];
+    nested.offset = *scales.offset;
+  }
+  return nested;
+}
+
 // The absmax of each of the turn's 4 steps for W row r, from the stage's scale bytes of that row.
 template <bool kNested>
 __device__ __forceinline__ void turn_scales(const uint8_t* row_scales, int64_t row_start, int s, int blocksize_log2,
@@ -635,12 +649,7 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
     copy_async_commit();
   }
 
-  fill_code_pair_table<T>(lut, quant_type);
-  if constexpr (kNested) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) code2[i] = scales.code2[i];
-  }
-  NestedDecode nested{code2, 0.0f};
-  if constexpr (kNested) nested.offset = *scales.offset;
+  const NestedDecode nested = fill_decode_tables<T, kNested>(lut, code2, quant_type, scales);
   __syncthreads();
 
   if (count <= 0 && !kCtaPerTile) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
@@ -888,12 +897,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     if (q < count) stage_next(q);
     copy_async_commit();
   }
-  fill_code_pair_table<T>(lut, quant_type);
-  if constexpr (kNested) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) code2[i] = scales.code2[i];
-  }
-  NestedDecode nested{code2, 0.0f};
-  if constexpr (kNested) nested.offset = *scales.offset;
+  const NestedDecode nested = fill_decode_tables<T, kNested>(lut, code2, quant_type, scales);
 
   // x: lane (rn, tt) = (lane / 4, lane % 4) of the group's warp w loads, for combos c = (kN / 4) w + i, 16 bytes of
   // x row 8 (c >> 3) + rn, step (c >> 1) & 3, elements 16 tt + 8 (c & 1) .. + 7, and stores its 4 words where
