@@ -763,13 +763,14 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // shared memory that its 128 threads fill once per turn, so that one wgmma m64nNk16 per k-tile and warp
 // replaces tc_gemv_kernel's one mma.sync per n-tile. Against the tensor-core kernel's 16-row tiles a warp then
 // loads no x into registers (there it loaded 4x as many bytes of x as of weights at 16 rows, from L2: 16 rows of
-// a large K fit in no L1), x's traffic per weight byte falls 4x, and half the mma instructions go. Each step's 4
+// a large K fit in no L1), x's traffic per weight byte falls 4x, and at 9-16 rows half the mma instructions go
+// (at 1-8 rows wgmma's N is 8, one per k-tile, as many as mma.sync's). Each step's 4
 // wgmmas start from zero and the scales go onto their fp32 sums once their group is done; the step's
 // wgmmas overlap the next step's decode (waiting for all but the newest group). 3 warpgroups per CTA (up to 168
-// registers) were 8-17% faster than 4 (128) in row 98's probe. Measured against the tensor-core kernel (NOTES gemv
-// rows 99 and 101; the rows it takes by W's size and GPU are in ops.h): on an H100 4-8 rows 4-23% faster on the q/o
-// layers, 12-16 rows -8% to +1%; on an H200 faster only at 4-8 rows on the small q/o layers. Its second kernel
-// (add_tile_parts_kernel) costs it 2-4.5 us a call; adding the parts in the kernel, in clusters, was slower (row 100).
+// registers) were 8-17% faster than 4 (128) in row 98's probe. Which rows it takes, by W's size and the GPU, and
+// what it measured against the tensor-core kernel there: ops.h, kWarpgroupXRowLimits (NOTES gemv rows 99 and 101).
+// Its second kernel (add_tile_parts_kernel) costs it 2-4.5 us a call; adding the parts in the kernel, in clusters,
+// was slower (row 100).
 // The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
 // ones; 27-57% slower in row 98's probe) keep the tensor-core kernel.
 // Stream-K as in tc_gemv_kernel, over warpgroups: each takes a contiguous run of the (tile, turn) sequence, writes
@@ -842,11 +843,7 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], const uint32_t (&a
 #endif
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define NF4_WG_ASM(text) asm volatile(text ::: "memory")
-#else
-#define NF4_WG_ASM(text) __trap()
-#endif
 
 // Requirements (checked by wg_gemv_applies): tc_gemv_kernel's, sm_90a, kWgMinXRows <= x_rows <= kN. `partial`
 // holds two [x_rows][64] fp32 slots per warpgroup (tc_partial_floats).
@@ -856,6 +853,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
   let_next_kernel_start();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // elsewhere a trap, which no call reaches (wg_kernel_runs_here)
   using Shape = WgShape<kN>;
   using Tile16 = TileShape<1>;
   constexpr int kAcc = kN / 2;  // wgmma's fp32 sums per lane: W rows g, g + 8 x (kN / 8) x (x rows 2t, 2t + 1)
@@ -932,7 +930,9 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
 
   if (count > 0) load_x(first_s);
   __syncthreads();  // the table
-  if (count <= 0) {  // fewer turns than warpgroups: an empty slot 0, which add_tile_parts_kernel adds
+  // Fewer turns than warpgroups (not under wg_gemv_applies' rule, whose layers all have more turns than warpgroups:
+  // kept so that the kernel stays right for any launch): an empty slot 0, which add_tile_parts_kernel adds.
+  if (count <= 0) {
     for (int i = threadIdx.x % 128; i < x_rows * kWgTileRows; i += 128) {
       partial[group_id * 2 * x_rows * kWgTileRows + i] = 0.0f;
     }
@@ -974,7 +974,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     if (more) load_x(next_s);
     copy_async_wait<kTcStages - 1>();
     __syncwarp();
-    const uint8_t* stage = ring + slot * Tile16::kStageBytes;
+    const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * Tile16::kStageBytes;
     const int64_t rows_start = (4 * tile + warp_in_group) * Tile16::kRows * cols;
     float scale_lo[kTcTurnSteps], scale_hi[kTcTurnSteps];
     turn_scales<kNested>(stage + Tile16::kStageWeightBytes + g * kTcRowScaleBytes, rows_start + g * cols, s,
@@ -1011,11 +1011,15 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     if (s + 1 == turns) ++tile, part_begin = 0;
     s = next_s;
     __syncwarp();  // the W stage is read before it is refilled
-    // Every wgmma of the previous turn, which read the x stage refilled here, is done (this warp waited for them,
-    // and a wgmma completes for the whole group).
+    // The x stage refilled here was last read by the previous turn's wgmmas, which every warp of the group waited
+    // for (wait_group 0) before the group barrier that ended that turn.
     if (more) store_x(slot ^ 1);
     group_barrier();
   }
+#else
+  wait_for_previous_kernels();
+  __trap();
+#endif
 }
 #undef NF4_WG_ASM
 
@@ -1638,8 +1642,23 @@ int prepare_wg_kernel() {
 // the rows ops.h's warpgroup_gemv_max_x_rows gives W's size and the GPU's memory class, on layers whose 16-row tiles would not take one CTA per tile
 // (tc_cta_per_tile: the k/v layers, where 64-row tiles leave SMs idle and the probe of NOTES gemv row 98 was 27-57%
 // slower).
-// The environment's NF4_OPS_WGMMA=0 turns the kernel off (read once per process), so that the tensor-core kernel's
-// instances that it replaces on these GPUs can still be tested and compared there.
+// The environment's NF4_OPS_WGMMA=0 (exactly "0"; read once per process) turns the kernel off, so that the
+// tensor-core kernel's instances that it replaces on these GPUs can still be tested and compared there.
+// Besides the build's flag, the code this GPU runs must be the sm_90a code: flags added to the build by hand (an
+// extra -gencode for sm_90) could give it code where the kernel is only a trap. That code uses a few registers where
+// the kernel uses over 100 (checked once per device on one instance: every instance comes from the same targets).
+#if NF4_WGMMA_SM90A
+bool wg_kernel_runs_here() {
+  static std::atomic<int64_t> compiled[64] = {};
+  return once_per_device(compiled, [](int) -> int64_t {
+           cudaFuncAttributes attributes;
+           C10_CUDA_CHECK(cudaFuncGetAttributes(
+               &attributes, reinterpret_cast<const void*>(wg_gemv_kernel<__nv_bfloat16, 16, false>)));
+           return attributes.numRegs >= 64 ? 2 : 1;  // positive values only
+         }) == 2;
+}
+#endif
+
 template <typename T>
 bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 #if NF4_WGMMA_SM90A
@@ -1648,7 +1667,7 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
     return setting == nullptr || std::strcmp(setting, "0") != 0;
   }();
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
-  if (!allowed || props->major != 9 || props->minor != 0 || x_rows < kWgMinXRows ||
+  if (!allowed || props->major != 9 || props->minor != 0 || !wg_kernel_runs_here() || x_rows < kWgMinXRows ||
       x_rows > warpgroup_gemv_max_x_rows(rows, cols, peak_memory_GBps()) ||
       props->sharedMemPerBlockOptin < size_t{WgShape<16>::kSharedBytes}) {
     return false;
@@ -1662,7 +1681,8 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 }
 
 // One launch of wg_gemv_kernel (wgmma's N: 8 for up to 8 rows of x, else 16), then add_tile_parts_kernel for the
-// tiles that several warpgroups shared. The grid gives each warpgroup at least kTcMinTurnsPerWarp turns.
+// tiles that several warpgroups shared. The grid has at most one CTA per kWgGroups * kTcMinTurnsPerWarp turns (on
+// layers with fewer turns than resident warpgroups x kTcMinTurnsPerWarp, warpgroups get about that many).
 template <typename T>
 void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
@@ -1689,6 +1709,7 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
   const auto with_nested = [&](auto n_constant) {
     scales.nested() ? run(n_constant, std::true_type{}) : run(n_constant, std::false_type{});
   };
+  TORCH_INTERNAL_ASSERT(x_rows >= kWgMinXRows && x_rows <= 16);
   x_rows <= 8 ? with_nested(std::integral_constant<int, 8>{}) : with_nested(std::integral_constant<int, 16>{});
 }
 
@@ -1813,7 +1834,8 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     const T* bias_data = bias_c.defined() ? reinterpret_cast<const T*>(bias_c.const_data_ptr<scalar_t>()) : nullptr;
     T* out_data = reinterpret_cast<T*>(out.mutable_data_ptr<scalar_t>()) + first_row * rows;
     if constexpr (!std::is_same_v<T, float>) {
-      // Up to kOrMaxXRows rows take the one-row kernel where it applies, up to 16 rows the tensor-core kernel.
+      // Up to kOrMaxXRows rows take the one-row kernel where it applies, up to 16 rows the warpgroup kernel where it
+      // applies, else the tensor-core kernel.
       if (tensor_cores) {
         if (one_row_gemv_applies(launch_rows, scales, spec.blocksize_log2, rows, cols, false)) {
           launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);

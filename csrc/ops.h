@@ -188,8 +188,8 @@ int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64
 
 //  - the many-rows kernel (csrc/gemv_many_rows.cu: fp16 / bf16 x where the tensor-core kernel's layout fits): a call
 //    of more than kTensorCoreGemvLaunchRows rows of x, up to these many, takes one launch of it (and, for a few last
-//    rows on large W, one launch of the one-row or tensor-core kernel: kManyRowsTailRowLimits below), which decodes W
-//    once per 32 rows of x (each 32 rows cost about the whole time again: it is bound by its decode, while
+//    rows on large W, one launch of the one-row, tensor-core or warpgroup kernel: kManyRowsTailRowLimits below), which
+//    decodes W once per 32 rows of x (each 32 rows cost about the whole time again: it is bound by its decode, while
 //    dequantize + cuBLAS, which writes and reads W in 16 bits, is bound by the memory). Measured with its stream-K
 //    version over the paper's layer shapes at 17-128 rows (benchmarks/NOTES.md gemv rows 64-65, the sweeps in
 //    benchmarks/results/h100-many-rows/v13_sweep_checked.txt and h200-many-rows/), against the better of

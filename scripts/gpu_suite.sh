@@ -43,7 +43,7 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
   step pytest "$PY" -m pytest tests -q -p no:cacheprovider
   # the tensor-core kernel's instances that the warpgroup kernel replaces on sm_90 (tests/test_gemv.py)
   step pytest_tc env NF4_OPS_WGMMA=0 "$PY" -m pytest tests/test_gemv.py -q -p no:cacheprovider \
-    -k "tensor_core or wide or determin or back_to_back"
+    -k "tensor_core or wide or determin or back_to_back or one_row_kernel or many_rows"
   step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
   step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
   step memcheck_tc env NF4_OPS_WGMMA=0 compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" \
