@@ -813,9 +813,9 @@ __device__ __forceinline__ uint64_t wg_x_descriptor(uint32_t address) {
 }
 
 // d (kN / 2 fp32 per lane) = A (this warp's 16 rows, from registers) x B (descriptor), plus d when `accumulate`.
+// (sm_90a only: called from wg_gemv_kernel's sm_90a body alone.)
 template <typename T, int kN>
 __device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b, bool accumulate) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   if constexpr (kN == 16 && kBf16) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\nwgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
@@ -838,12 +838,7 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], const uint32_t (&a
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(int{accumulate}));
   }
-#else
-  __trap();  // the host launches this path only where the build has sm_90a code (wg_gemv_applies)
-#endif
 }
-
-#define NF4_WG_ASM(text) asm volatile(text ::: "memory")
 
 // Requirements (checked by wg_gemv_applies): tc_gemv_kernel's, sm_90a, kWgMinXRows <= x_rows <= kN. `partial`
 // holds two [x_rows][64] fp32 slots per warpgroup (tc_partial_floats).
@@ -924,7 +919,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
         *reinterpret_cast<uint32_t*>(stage + wg_x_offset<kN>(u, 2 * hh + w / 2, n, w % 2, tt)) = words[w];
       }
     }
-    NF4_WG_ASM("fence.proxy.async.shared::cta;");  // the stores, made visible to wgmma's reads
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, made visible to wgmma's reads
   };
   const auto group_barrier = [&] { asm volatile("bar.sync %0, 128;" ::"r"(1 + group) : "memory"); };
 
@@ -994,18 +989,18 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
       uint32_t a[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) a_fragment(j, lo, hi, lut_shared, lane4, a[j]);
-      NF4_WG_ASM("wgmma.fence.sync.aligned;");
+      asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         wgmma_k16<T, kN>(sums[u & 1], a[j], wg_x_descriptor(x_stage + (u * 4 + j) * Shape::kKTileBytes), j > 0);
       }
-      NF4_WG_ASM("wgmma.commit_group.sync.aligned;");
+      asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       if (u > 0) {
-        NF4_WG_ASM("wgmma.wait_group.sync.aligned 1;");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
         add_step(u - 1);
       }
     }
-    NF4_WG_ASM("wgmma.wait_group.sync.aligned 0;");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
     add_step(kTcTurnSteps - 1);
     if (s + 1 == turns || !more) flush(part_begin == 0 && s + 1 == turns);
     if (s + 1 == turns) ++tile, part_begin = 0;
@@ -1021,7 +1016,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   __trap();
 #endif
 }
-#undef NF4_WG_ASM
 
 // ---------------------------------------------------------------------------------------------------------
 // One-row path (one row of x, plain or nested absmax, K % 256 == 0, W rows starting on absmax block boundaries
@@ -1629,6 +1623,12 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
   }
 }
 
+// The CTAs of a stream-K launch of `total` turns whose CTAs split their turns over `workers` (warps, or warpgroups):
+// as many as are resident at once, but no more than give each worker kTcMinTurnsPerWarp turns.
+int64_t stream_k_grid(int64_t total, int workers, int64_t resident_ctas) {
+  return std::min(resident_ctas, (total + workers * kTcMinTurnsPerWarp - 1) / (workers * kTcMinTurnsPerWarp));
+}
+
 // The warpgroup kernel's instances, prepared once per device; returns its CTAs per SM.
 template <typename T, int kN, bool kNested>
 int prepare_wg_kernel() {
@@ -1662,10 +1662,7 @@ bool wg_kernel_runs_here() {
 template <typename T>
 bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 #if NF4_WGMMA_SM90A
-  static const bool allowed = [] {
-    const char* setting = std::getenv("NF4_OPS_WGMMA");
-    return setting == nullptr || std::strcmp(setting, "0") != 0;
-  }();
+  static const bool allowed = !environment_turns_off("NF4_OPS_WGMMA");
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   if (!allowed || props->major != 9 || props->minor != 0 || !wg_kernel_runs_here() || x_rows < kWgMinXRows ||
       x_rows > warpgroup_gemv_max_x_rows(rows, cols, peak_memory_GBps()) ||
@@ -1694,8 +1691,7 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
         int64_t{prepare_wg_kernel<T, kN, kNested>()} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int turns = static_cast<int>(cols / kTcTurn);
     const int64_t total = (rows + kWgTileRows - 1) / kWgTileRows * turns;
-    const int64_t grid =
-        std::min(resident, (total + kWgGroups * kTcMinTurnsPerWarp - 1) / (kWgGroups * kTcMinTurnsPerWarp));
+    const int64_t grid = stream_k_grid(total, kWgGroups, resident);
     const int64_t groups = grid * kWgGroups;
     at::Tensor partial = at::empty({tc_partial_floats(groups, x_rows, kWgTileRows)}, like.options().dtype(at::kFloat));
     float* partial_data = partial.mutable_data_ptr<float>();
@@ -1730,9 +1726,7 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     // (only 16-row tiles: 32-row ones are chosen for layers with many more turns per resident warp)
     const bool cta_per_tile = kMTiles == 1 && tc_cta_per_tile(tiles, turns, resident);
     constexpr int kStreamKWarps = TcCta<kMTiles, kNTiles, false>::kWarps;
-    const int64_t grid = cta_per_tile ? tiles
-                                      : std::min(resident, (total + kStreamKWarps * kTcMinTurnsPerWarp - 1) /
-                                                               (kStreamKWarps * kTcMinTurnsPerWarp));
+    const int64_t grid = cta_per_tile ? tiles : stream_k_grid(total, kStreamKWarps, resident);
     const int64_t warps = grid * kStreamKWarps;
     at::Tensor partial;
     float* partial_data = nullptr;

@@ -37,16 +37,19 @@ inline int prepare_kernel(std::atomic<int64_t> (&resident)[64], Kernel kernel, i
   }));
 }
 
+// Whether the environment sets `name` to exactly "0" (the switches that turn a path off, for comparisons and tests).
+inline bool environment_turns_off(const char* name) {
+  const char* setting = std::getenv(name);
+  return setting != nullptr && std::strcmp(setting, "0") == 0;
+}
+
 // Whether `kernel` is launched with programmatic dependent launch (cuda_types.cuh, wait_for_previous_kernels): where
 // its code was compiled for sm_90+ (PTX version 9.0+, so that its waits are in it: code JIT-compiled on an H100
 // from sm_80 PTX has none), unless the environment sets NF4_OPS_PDL=0 (read once per process; for comparisons and
 // for ruling it out). Asked once per device and kernel signature: every kernel of the build has the same targets.
 template <typename Kernel>
 bool programmatic_launch_enabled(Kernel kernel) {
-  static const bool allowed = [] {
-    const char* setting = std::getenv("NF4_OPS_PDL");
-    return setting == nullptr || std::strcmp(setting, "0") != 0;
-  }();
+  static const bool allowed = !environment_turns_off("NF4_OPS_PDL");
   static std::atomic<int64_t> compiled_for_it[64] = {};
   return allowed && once_per_device(compiled_for_it, [&](int) -> int64_t {
            cudaFuncAttributes attributes;
