@@ -638,8 +638,8 @@ def test_back_to_back_calls_see_what_the_call_before_did(rows):
     """On sm_90 a kernel may start while the one before it finishes (programmatic dependent launch, csrc/cuda_types.cuh)
     and must touch no global memory until that one is done: calls queued back to back, each reading what the call
     before wrote or overwriting what it read, give the bits of the same calls made one at a time, and those are
-    right. (The 4096 x 4096 weights are 8 MiB: 8 rows take the tensor-core kernel and its adding kernel, 24 the
-    many-rows kernel and its adding kernel, on an H100 and an H200 alike.)"""
+    right. (The 4096 x 4096 weights are 8 MiB: 8 rows take the warpgroup kernel on an H100 and an H200 (the
+    tensor-core kernel elsewhere) and the adding kernel, 24 the many-rows kernel and its adding kernel.)"""
     k = 4096
     first_w, first_args = weight_on("cuda", (k, k), "nf4", 64, False)
     second_w, second_args = weight_on("cuda", (k, k), "fp4", 64, True)
