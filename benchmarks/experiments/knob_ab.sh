@@ -39,19 +39,7 @@ for label in ${PASSES}; do
     python3 $root/benchmarks/experiments/few_rows_times.py $OUT/times.jsonl $label > /dev/null 2>&1)
   echo "$label $((SECONDS-start)) s"
 done
-python3 - "$OUT/times.jsonl" <<'PY' | tee $OUT/summary.txt
-import collections, json, sys
-times = collections.defaultdict(lambda: collections.defaultdict(list))
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    for rows, t in r["times"].items():
-        times[(r["layer"], rows)][r["label"]].append(t)
-for (layer, rows), by_label in times.items():
-    ref = "base" if "base" in by_label else "tree"
-    b = sum(by_label[ref]) / len(by_label[ref])
-    print(f"{layer:22s} M{rows:3s} {ref} {b:6.1f} " + " ".join(
-        f"{n} {sum(v) / len(v):6.1f} ({sum(v) / len(v) / b - 1:+.0%})" for n, v in by_label.items() if n != ref))
-PY
+python3 benchmarks/experiments/ab_summary.py "$OUT/times.jsonl" | tee $OUT/summary.txt
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     PYTHONPATH=$root/.gpu/site:$root timeout 200 compute-sanitizer --tool $tool --error-exitcode 1 \

@@ -27,18 +27,7 @@ for label in tree $NAME tree $NAME; do
     python3 $root/benchmarks/experiments/few_rows_times.py $OUT/times.jsonl $label 2>&1 | grep -v Warn | tail -16)
   echo "$label $((SECONDS-start)) s"
 done
-python3 - "$OUT/times.jsonl" <<'PY' | tee $OUT/summary.txt
-import collections, json, sys
-times = collections.defaultdict(lambda: collections.defaultdict(list))
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    for rows, t in r["times"].items():
-        times[(r["layer"], rows)][r["label"]].append(t)
-for (layer, rows), by_label in times.items():
-    b = sum(by_label["tree"]) / len(by_label["tree"])
-    print(f"{layer:22s} M{rows:3s} tree {b:6.1f} " + " ".join(
-        f"{n} {sum(v) / len(v):6.1f} ({sum(v) / len(v) / b - 1:+.0%})" for n, v in by_label.items() if n != "tree"))
-PY
+python3 benchmarks/experiments/ab_summary.py "$OUT/times.jsonl" | tee $OUT/summary.txt
 echo "done $((SECONDS-start)) s"
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
