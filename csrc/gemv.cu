@@ -855,7 +855,10 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   extern __shared__ __align__(128) uint8_t wg_shared[];
   uint8_t* lut = wg_shared;
   float* code2 = reinterpret_cast<float*>(wg_shared + kCodePairTableBytes);
-  const int warp = static_cast<int>(threadIdx.x / 32), lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  // a uniform warp index: the warp's and group's shared-memory addresses, the table's base and wgmma's descriptors
+  // built from them live in uniform registers (NOTES gemv row 103)
+  const int warp = warp_in_cta();
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int group = warp / 4, warp_in_group = warp % 4;  // the warp's rows of its group's tile: 16 x warp_in_group
   uint8_t* ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + warp * (kTcStages * Tile16::kStageBytes);
   uint8_t* x_ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages * Tile16::kStageBytes +
@@ -899,13 +902,19 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   constexpr int kXLoads = kN / 4;
   uint4 x_words[kXLoads];
   const int rn = lane / 4, tt = lane % 4;
+  // The lane's x row and place in a turn for each load are the same every turn: their addresses at turn 0, once.
+  const T* x_turn0[kXLoads];
+  bool x_row_valid[kXLoads];
+#pragma unroll
+  for (int i = 0; i < kXLoads; ++i) {
+    const int combo = kXLoads * warp_in_group + i, n = 8 * (combo >> 3) + rn;
+    x_row_valid[i] = n < x_rows;
+    x_turn0[i] = x + int64_t{n < x_rows ? n : 0} * cols + ((combo >> 1) & 3) * kTcStep + 16 * tt + 8 * (combo & 1);
+  }
   const auto load_x = [&](int s) {
 #pragma unroll
     for (int i = 0; i < kXLoads; ++i) {
-      const int combo = kXLoads * warp_in_group + i, n = 8 * (combo >> 3) + rn;
-      const T* from = x + int64_t{n < x_rows ? n : 0} * cols + int64_t{s} * kTcTurn + ((combo >> 1) & 3) * kTcStep +
-                      16 * tt + 8 * (combo & 1);
-      x_words[i] = load_16_or_zero(n < x_rows, reinterpret_cast<const uint4*>(from));
+      x_words[i] = load_16_or_zero(x_row_valid[i], reinterpret_cast<const uint4*>(x_turn0[i] + int64_t{s} * kTcTurn));
     }
   };
   const auto store_x = [&](int slot) {
@@ -936,6 +945,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   store_x(0);
   group_barrier();
 
+  const uint64_t x_ring_descriptor = wg_x_descriptor(x_ring_shared);
   int64_t tile = first_tile;
   int s = first_s;
   int part_begin = s;
@@ -976,7 +986,10 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
                          blocksize_log2, blocks, nested, scale_lo);
     turn_scales<kNested>(stage + Tile16::kStageWeightBytes + (g + 8) * kTcRowScaleBytes, rows_start + (g + 8) * cols,
                          s, blocksize_log2, blocks, nested, scale_hi);
-    const uint32_t x_stage = x_ring_shared + slot * Shape::kXStageBytes;
+    // k-tile (u, j)'s descriptor is the stage's plus the k-tile's offset in 16-byte units: the address field (bits
+    // 0-13) holds shared-window addresses >> 4 up to 256 KB, so an offset inside the stage carries into no other field.
+    static_assert(Shape::kSharedBytes + 1024 <= (1 << 18), "shared addresses (after 1 KB reserved) under 256 KB");
+    const uint64_t x_descriptor = x_ring_descriptor + slot * (Shape::kXStageBytes >> 4);
     float sums[2][kAcc];
     const auto add_step = [&](int u) {  // acc += the step's scales x its sums, once its wgmmas are done
 #pragma unroll
@@ -992,7 +1005,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        wgmma_k16<T, kN>(sums[u & 1], a[j], wg_x_descriptor(x_stage + (u * 4 + j) * Shape::kKTileBytes), j > 0);
+        wgmma_k16<T, kN>(sums[u & 1], a[j], x_descriptor + ((u * 4 + j) * Shape::kKTileBytes >> 4), j > 0);
       }
       asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
       if (u > 0) {
