@@ -1,10 +1,10 @@
 # A same-machine A/B of one source variant against the tree, leaner than knob_ab.sh (which also tests the tree and
 # sanitizes only the tree): the variant's sources are .gpu/csrc_$NAME (csrc with a patch applied, e.g.
-#   rm -rf .gpu/csrc_uniform && cp -r csrc .gpu/csrc_uniform && patch -d .gpu/csrc_uniform -p2 < benchmarks/experiments/wg_uniform_warp.diff
-# ). Both built for sm_90a in parallel; the variant's warpgroup / determinism / back-to-back / bias / graph / compile
+#   rm -rf .gpu/csrc_lastadd && cp -r csrc .gpu/csrc_lastadd && patch -d .gpu/csrc_lastadd -p2 < benchmarks/experiments/wg_last_sharer_adding.diff
+# ; that diff is against db0cf54's csrc). Both built for sm_90a in parallel; the variant's warpgroup / determinism / back-to-back / bias / graph / compile
 # tests (TESTS); timing passes tree, variant, tree, variant (few_rows_times.py at ROWS); SANITIZE=1: memcheck and
 # racecheck of the variant. Used for NOTES gemv rows 102-102c (NAME=lastadd) onwards; needs bitsandbytes in .gpu/site.
-#   NAME=uniform SANITIZE=1 OUT=/tmp/out bash benchmarks/experiments/variant_ab.sh
+#   NAME=lastadd SANITIZE=1 OUT=/tmp/out bash benchmarks/experiments/variant_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NAME=${NAME:-lastadd}
