@@ -23,7 +23,7 @@ wait; echo "built $((SECONDS-start)) s"
 echo "tests $((SECONDS-start)) s"
 for label in tree $NAME tree $NAME; do
   dir=$root; [ $label != tree ] && dir=/tmp/$label
-  (cd $dir && PYTHONPATH=$root/.gpu/site:$dir ROWS=${ROWS:-4,8,16} timeout 150 \
+  (cd $dir && PYTHONPATH=$root/.gpu/site:$dir ROWS=${ROWS:-4,8,16} LAYERS=${LAYERS:-} timeout 150 \
     python3 $root/benchmarks/experiments/few_rows_times.py $OUT/times.jsonl $label 2>&1 | grep -v Warn | tail -16)
   echo "$label $((SECONDS-start)) s"
 done
