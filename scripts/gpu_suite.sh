@@ -6,6 +6,8 @@
 #   bash scripts/gpu_suite.sh [--quick] [BENCH_ARG ...]
 # (--quick: benchmark Llama-3.3-70B's layers only; other arguments go to benchmarks/bench_kernels.py, e.g.
 # --rounds 1)
+# SANITIZERS: the compute-sanitizer steps to run (default all three: "memcheck racecheck memcheck_tc"); a second
+# GPU of the same kernels may take fewer to fit a time limit, and the summary then lists only the steps that ran.
 # Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
 # (see README, "GPU suite").
 set -uo pipefail
@@ -13,6 +15,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-$PWD/gpu-out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
+SANITIZERS="${SANITIZERS:-memcheck racecheck memcheck_tc}"
 BENCH_ARGS=("$@")  # --quick and any other bench_kernels.py arguments
 [ -d .gpu/site ] && export PYTHONPATH="$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -44,10 +47,13 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
   # the tensor-core kernel's instances that the warpgroup kernel replaces on sm_90 (tests/test_gemv.py)
   step pytest_tc env NF4_OPS_WGMMA=0 "$PY" -m pytest tests/test_gemv.py -q -p no:cacheprovider \
     -k "tensor_core or wide or determin or back_to_back or one_row_kernel or many_rows"
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
-  step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" scripts/sanitizer_workload.py
-  step memcheck_tc env NF4_OPS_WGMMA=0 compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" \
+  sanitizing() { [[ " $SANITIZERS " == *" $1 "* ]]; }
+  sanitizing memcheck && step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$PY" \
     scripts/sanitizer_workload.py
+  sanitizing racecheck && step racecheck compute-sanitizer --tool racecheck --error-exitcode 1 "$PY" \
+    scripts/sanitizer_workload.py
+  sanitizing memcheck_tc && step memcheck_tc env NF4_OPS_WGMMA=0 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$PY" scripts/sanitizer_workload.py
   step bench "$PY" benchmarks/bench_kernels.py --out "$OUT" "${BENCH_ARGS[@]}"
   step variants "$PY" benchmarks/bench_dequantize_variants.py --out "$OUT"  # NF4/FP4, every dtype and blocksize
 fi
