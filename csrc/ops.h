@@ -169,10 +169,15 @@ constexpr GemvRowLimit kWarpgroupXRowLimits[] = {
 };
 //    H200 (NOTES gemv row 101): 4-8 rows 6-24% faster below 32 MiB (Gemma's q 8 rows 11.2 us against 14.7, Qwen's q/o
 //    7-9%), Llama's q/o (32 MiB) -2 to +3%; 4 rows 4-19% slower on the gate/up and down layers (Gemma's gate/up 33.6
-//    against 28.3), 12-16 rows within -3% to +9% (no layer 4% faster; Qwen's down +7-9%).
+//    against 28.3), 12-16 rows within -3% to +9% (no layer 4% faster; Qwen's down +7-9%). After the kernel's shorter
+//    loop (row 103), at 4-16 rows on every size against the tensor-core kernel (row 104, two passes): Gemma's and
+//    Qwen's q 3-5% faster at 16 rows (the same kernel at 4), Llama's q (32 MiB) 7-8% at 4 and 16; Qwen's gate/up and
+//    down (62.5 MiB) mixed (gate/up +8% at 4 rows, -7% at 16; down -4% / -1%), Llama's gate/up +10% / +1%. So the
+//    q/o layers (up to 32 MiB) take it at 4-16 rows; the gate/up and down layers (55 MiB and up) keep the
+//    tensor-core kernel.
 constexpr GemvRowLimit kWarpgroupXRowLimitsFastMemory[] = {
-    {0, 8},
-    {32, 0},
+    {0, 16},
+    {48, 0},
 };
 
 // The max_rows of the last limit whose min_packed_mib the packed W reaches.

@@ -125,7 +125,7 @@ WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32
 # would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
 WARPGROUP_MIN_X_ROWS = 4
 WARPGROUP_X_ROW_LIMITS = [(0, 16), (100, 0)]
-WARPGROUP_X_ROW_LIMITS_FAST_MEMORY = [(0, 8), (32, 0)]
+WARPGROUP_X_ROW_LIMITS_FAST_MEMORY = [(0, 16), (48, 0)]
 
 
 def warpgroup_kernel_on() -> bool:
