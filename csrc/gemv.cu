@@ -768,7 +768,7 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // wgmmas start from zero and the scales go onto their fp32 sums once their group is done; the step's
 // wgmmas overlap the next step's decode (waiting for all but the newest group). 3 warpgroups per CTA (up to 168
 // registers) were 8-17% faster than 4 (128) in row 98's probe. Which rows it takes, by W's size and the GPU, and
-// what it measured against the tensor-core kernel there: ops.h, kWarpgroupXRowLimits (NOTES gemv rows 99 and 101).
+// what it measured against the tensor-core kernel there: ops.h, kWarpgroupXRowLimits (NOTES gemv rows 99, 101, 104).
 // Its second kernel (add_tile_parts_kernel) costs it 2-4.5 us a call; adding the parts in the kernel, in clusters,
 // was slower (row 100).
 // The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
@@ -945,6 +945,9 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   store_x(0);
   group_barrier();
 
+  // k-tile (u, j)'s descriptor is the ring's plus the k-tile's offset in 16-byte units: the address field (bits 0-13)
+  // holds shared-window addresses >> 4 up to 256 KB, so an offset inside the ring carries into no other field.
+  static_assert(Shape::kSharedBytes + 1024 <= (1 << 18), "shared addresses (after 1 KB reserved) under 256 KB");
   const uint64_t x_ring_descriptor = wg_x_descriptor(x_ring_shared);
   int64_t tile = first_tile;
   int s = first_s;
@@ -986,9 +989,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
                          blocksize_log2, blocks, nested, scale_lo);
     turn_scales<kNested>(stage + Tile16::kStageWeightBytes + (g + 8) * kTcRowScaleBytes, rows_start + (g + 8) * cols,
                          s, blocksize_log2, blocks, nested, scale_hi);
-    // k-tile (u, j)'s descriptor is the stage's plus the k-tile's offset in 16-byte units: the address field (bits
-    // 0-13) holds shared-window addresses >> 4 up to 256 KB, so an offset inside the stage carries into no other field.
-    static_assert(Shape::kSharedBytes + 1024 <= (1 << 18), "shared addresses (after 1 KB reserved) under 256 KB");
     const uint64_t x_descriptor = x_ring_descriptor + slot * (Shape::kXStageBytes >> 4);
     float sums[2][kAcc];
     const auto add_step = [&](int u) {  // acc += the step's scales x its sums, once its wgmmas are done
@@ -1652,9 +1652,9 @@ int prepare_wg_kernel() {
 // Whether the warpgroup kernel takes a call that the tensor-core kernel's layout fits (tensor_core_gemv_applies):
 // where the build has sm_90a code (setup.py defines NF4_WGMMA_SM90A when its only sm_90 target is sm_90a: a build
 // that also has plain sm_90 code might run that on an H100), on an sm_90 GPU, for kWgMinXRows to 16 rows of x, up to
-// the rows ops.h's warpgroup_gemv_max_x_rows gives W's size and the GPU's memory class, on layers whose 16-row tiles would not take one CTA per tile
-// (tc_cta_per_tile: the k/v layers, where 64-row tiles leave SMs idle and the probe of NOTES gemv row 98 was 27-57%
-// slower).
+// the rows ops.h's warpgroup_gemv_max_x_rows gives W's size and the GPU's memory class, on layers whose 16-row tiles
+// would not take one CTA per tile (tc_cta_per_tile: the k/v layers, where 64-row tiles leave SMs idle and the probe
+// of NOTES gemv row 98 was 27-57% slower).
 // The environment's NF4_OPS_WGMMA=0 (exactly "0"; read once per process) turns the kernel off, so that the
 // tensor-core kernel's instances that it replaces on these GPUs can still be tested and compared there.
 // Besides the build's flag, the code this GPU runs must be the sm_90a code: flags added to the build by hand (an

@@ -52,11 +52,10 @@ def main():
     # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
     # one CTA per tile whose warps add their parts in shared memory (64 x 512, 40 x 4352; at 12 and 16 rows the
     # latter takes a cluster of 2 CTAs per tile on sm_90, added through distributed shared memory), tiles shared by
-    # several CTAs' warps plus the kernel that adds their parts (40 x 17152: 67 turns per tile; on an H100 at 5-16
-    # rows, on an H200 at 5 and 8, the warpgroup kernel, which also takes 25640 x 512: about half the tiles taken whole,
-    # the rest shared), few turns
-    # per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last nested
-    # block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end; the
+    # several CTAs' warps plus the kernel that adds their parts (40 x 17152: 67 turns per tile; on an H100 or H200 at
+    # 5-16 rows the warpgroup kernel, which also takes 25640 x 512: about half the tiles taken whole, the rest
+    # shared), few turns per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last
+    # nested block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end; the
     # CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32, misaligned).
     cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 4352, 256, False, False),
              (40, 17152, 64, True, False), (64 * 400 + 40, 512, 128, False, False),

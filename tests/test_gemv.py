@@ -121,8 +121,7 @@ WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32
 
 # The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) rows up to
 # the limit by W's size and the GPU's memory class (csrc/ops.h, kWarpgroupXRowLimits*: (packed MiB from, rows)) on
-# the layers whose 16-row tiles
-# would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
+# the layers whose 16-row tiles would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
 WARPGROUP_MIN_X_ROWS = 4
 WARPGROUP_X_ROW_LIMITS = [(0, 16), (100, 0)]
 WARPGROUP_X_ROW_LIMITS_FAST_MEMORY = [(0, 16), (48, 0)]
@@ -243,7 +242,7 @@ WARPGROUP_SHAPES = {  # name: (shape, blocksize)
 }
 
 
-@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, a build with sm_90a code, NF4_OPS_WGMMA != 0")
+@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, a build with sm_90a code, NF4_OPS_WGMMA not 0")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("rows", [4, 7, 8, 9, 16], ids=lambda m: f"M{m}")
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
