@@ -242,7 +242,7 @@ WARPGROUP_SHAPES = {  # name: (shape, blocksize)
 }
 
 
-@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, a build with sm_90a code, NF4_OPS_WGMMA not 0")
+@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, sm_90a code and NF4_OPS_WGMMA not 0")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("rows", [4, 7, 8, 9, 16], ids=lambda m: f"M{m}")
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
