@@ -119,6 +119,13 @@ WIDE_TILE_WARPS = 14
 WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32 * 16)
 
 
+def row_limit(limits, shape: tuple[int, int]) -> int:
+    """The rows of x that a limits table of csrc/ops.h ((from this many MiB of packed W, up to this many rows), as
+    gemv_row_limit reads it) gives a W of `shape`: those of the last entry whose size the packed W reaches."""
+    packed_mib = shape[0] * shape[1] // 2 // 2**20
+    return [max_rows for min_mib, max_rows in limits if packed_mib >= min_mib][-1]
+
+
 # The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) rows up to
 # the limit by W's size and the GPU's memory class (csrc/ops.h, kWarpgroupXRowLimits*: (packed MiB from, rows)) on
 # the layers whose 16-row tiles would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
@@ -148,9 +155,8 @@ def warpgroup_takes(shape, rows) -> bool:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if -(-shape[0] // 16) <= sms and shape[1] // 256 <= 32:
         return False
-    packed_mib = shape[0] * shape[1] // 2 // 2**20
     limits = WARPGROUP_X_ROW_LIMITS_FAST_MEMORY if has_fast_memory() else WARPGROUP_X_ROW_LIMITS
-    return WARPGROUP_MIN_X_ROWS <= rows <= [max_rows for mib, max_rows in limits if packed_mib >= mib][-1]
+    return WARPGROUP_MIN_X_ROWS <= rows <= row_limit(limits, shape)
 
 
 def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
@@ -282,9 +288,8 @@ ONE_ROW_X_ROW_LIMITS_FAST_MEMORY = [(0, 2), (8, 3), (32, 2), (48, 1)]
 def one_row_max_x_rows(shape: tuple[int, int]) -> int:
     """The most rows of fp16 / bf16 x that one launch of the one-row kernel takes on this W on this GPU (csrc/ops.h
     one_row_gemv_max_x_rows), on a W where it takes one row."""
-    packed_mib = shape[0] * shape[1] // 2 // 2**20
     limits = ONE_ROW_X_ROW_LIMITS_FAST_MEMORY if has_fast_memory() else ONE_ROW_X_ROW_LIMITS
-    rows = [max_rows for min_mib, max_rows in limits if packed_mib >= min_mib][-1]
+    rows = row_limit(limits, shape)
     assert rows <= ONE_ROW_MAX_X_ROWS
     return rows
 
@@ -466,8 +471,7 @@ def test_gemv_fp32_rows(steps, half_step, steps_per_warp, nested):
     absmax."""
     shape = one_row_shape(steps, half_step, steps_per_warp)
     assert one_row_kernel_takes(shape, 64, nested, torch.float32)
-    packed_mib = shape[0] * shape[1] // 2 // 2**20
-    limit = [rows for min_mib, rows in ONE_ROW_FP32_ROW_LIMITS if packed_mib >= min_mib][-1]
+    limit = row_limit(ONE_ROW_FP32_ROW_LIMITS, shape)
     packed, args = weight_on("cuda", shape, "nf4", 64, nested)
     x = random_x((limit + 1, shape[1]), torch.float32, "cuda")
     bias = random_x((shape[0],), torch.float32, "cuda", seed=8)
