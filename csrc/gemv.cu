@@ -731,28 +731,47 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
   return tiles <= resident_ctas && turns <= kTcWarps * kTcMinTurnsPerWarp;
 }
 
-// For every tile that more than one warp shared: out = the warps' slots (first_sharer_slot) added in warp
-// order (+ bias). Tiles one warp took whole were written by tc_gemv_kernel. i runs over x_rows * rows outputs.
+// How many sharers' parts a thread of add_tile_parts_kernel loads before it adds them: a tile of s sharers costs
+// about ceil(s / kAddPartsBatch) trips to L2 (Gemma's q at 16 rows on the warpgroup kernel has ~7 sharers a tile).
+constexpr int kAddPartsBatch = 8;
+constexpr int kAddPartsMaxThreads = 1024;  // a tile's x_rows x tile_rows outputs: up to 16 x 64
+
+// For every tile that more than one warp shared, one CTA (tile blockIdx.x) with a thread per output ([x row][tile
+// row], so consecutive threads write consecutive W rows): out = the warps' slots (first_sharer_slot) added in warp
+// order (+ bias). Tiles one warp took whole were written by tc_gemv_kernel, and their CTAs do nothing. Each CTA
+// works out its tile's sharers once, before the wait (it overlaps the previous kernel's end), where a thread per
+// output over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on it.
 template <typename T>
-__global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows,
-                                      int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+__global__ void __launch_bounds__(kAddPartsMaxThreads)
+    add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows, int64_t rows,
+                          int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
   let_next_kernel_start();
+  const int64_t tile = blockIdx.x;
+  const int64_t total = (rows + tile_rows - 1) / tile_rows * turns;
+  const int64_t first_slot = first_sharer_slot(tile * turns, warps, total);
+  const int64_t w_first = first_slot / 2, w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
+  const int m = threadIdx.x / tile_rows, r = threadIdx.x % tile_rows;
+  const int64_t n = tile * tile_rows + r;
   wait_for_previous_kernels();
-  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-  const int64_t total = tiles * turns;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < x_rows * rows;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t m = i / rows, n = i % rows;
-    const int64_t tile = n / tile_rows;
-    const int64_t first_slot = first_sharer_slot(tile * turns, warps, total);
-    const int64_t w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
-    if (first_slot / 2 == w_last) continue;
-    const float* slot = partial + (m * tile_rows + n % tile_rows);  // + slot index * x_rows * tile_rows
-    const int64_t slot_floats = int64_t{x_rows} * tile_rows;
-    float sum = slot[first_slot * slot_floats];
-    for (int64_t w = first_slot / 2 + 1; w <= w_last; ++w) sum += slot[w * 2 * slot_floats];
-    out[i] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+  if (w_first == w_last || m >= x_rows || n >= rows) return;
+  const int64_t slot_floats = int64_t{x_rows} * tile_rows;
+  const float* part = partial + threadIdx.x;                    // + slot index x slot_floats
+  const float* later = part + (w_first + 1) * 2 * slot_floats;  // the later sharers' slot 0, 2 x slot_floats apart
+  const int later_count = static_cast<int>(w_last - w_first);
+  const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;  // loaded with the first batch
+  float sum = part[first_slot * slot_floats];
+  for (int j0 = 0; j0 < later_count; j0 += kAddPartsBatch) {
+    float parts[kAddPartsBatch];
+#pragma unroll
+    for (int b = 0; b < kAddPartsBatch; ++b) {
+      parts[b] = j0 + b < later_count ? later[(j0 + b) * 2 * slot_floats] : 0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kAddPartsBatch; ++b) {  // in warp order
+      if (j0 + b < later_count) sum += parts[b];
+    }
   }
+  out[m * rows + n] = from_float<T>(bias != nullptr ? sum + bias_n : sum);
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -769,8 +788,8 @@ __global__ void add_tile_parts_kernel(const float* __restrict__ partial, int64_t
 // wgmmas overlap the next step's decode (waiting for all but the newest group). 3 warpgroups per CTA (up to 168
 // registers) were 8-17% faster than 4 (128) in row 98's probe. Which rows it takes, by W's size and the GPU, and
 // what it measured against the tensor-core kernel there: ops.h, kWarpgroupXRowLimits (NOTES gemv rows 99, 101, 104).
-// Its second kernel (add_tile_parts_kernel) costs it 2-4.5 us a call; adding the parts in the kernel, in clusters,
-// was slower (row 100).
+// Its second kernel (add_tile_parts_kernel) cost it 2-4.5 us a call (row 99), 1-2.5 us less since row 105's CTA
+// per tile; adding the parts in the kernel, in clusters (row 100) or by the last sharer (rows 102-102c), was slower.
 // The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
 // ones; 27-57% slower in row 98's probe) keep the tensor-core kernel.
 // Stream-K as in tc_gemv_kernel, over warpgroups: each takes a contiguous run of the (tile, turn) sequence, writes
@@ -1537,15 +1556,15 @@ int64_t peak_memory_GBps() {
   });
 }
 
-// Launches add_tile_parts_kernel over the x_rows * rows outputs, with at most 8 CTAs of 256 threads per
-// resident CTA of the kernel that wrote the parts.
+// Launches add_tile_parts_kernel: a CTA per tile, a thread per output of the tile.
 template <typename T>
 void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int tile_rows, int64_t rows, int64_t x_rows,
-                           const T* bias, T* out, int64_t resident_ctas, cudaStream_t stream) {
-  const int threads = 256;
-  const int blocks = static_cast<int>(std::min<int64_t>((x_rows * rows + threads - 1) / threads, resident_ctas * 8));
-  launch_kernel(add_tile_parts_kernel<T>, dim3(blocks), threads, 0, stream, 1, partial, warps, turns, tile_rows, rows,
-                int(x_rows), bias, out);
+                           const T* bias, T* out, cudaStream_t stream) {
+  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
+  const int64_t threads = (x_rows * tile_rows + 31) / 32 * 32;
+  TORCH_INTERNAL_ASSERT(threads <= kAddPartsMaxThreads && tiles <= std::numeric_limits<int32_t>::max());
+  launch_kernel(add_tile_parts_kernel<T>, dim3(static_cast<unsigned>(tiles)), static_cast<int>(threads), 0, stream, 1,
+                partial, warps, turns, tile_rows, rows, int(x_rows), bias, out);
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
@@ -1712,7 +1731,7 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
                   WgShape<kN>::kSharedBytes, stream, 1, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows,
                   cols, int(x_rows), bias, out, partial_data);
     if (turns > 1) {  // with one turn per tile no tile is shared
-      launch_add_tile_parts<T>(partial_data, groups, turns, kWgTileRows, rows, x_rows, bias, out, resident, stream);
+      launch_add_tile_parts<T>(partial_data, groups, turns, kWgTileRows, rows, x_rows, bias, out, stream);
     }
   };
   const auto with_nested = [&](auto n_constant) {
@@ -1767,7 +1786,7 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
       launch(std::false_type{});
     }
     if (!cta_per_tile && turns > 1) {  // with one turn per tile no tile is shared
-      launch_add_tile_parts<T>(partial_data, warps, turns, Tile::kRows, rows, x_rows, bias, out, resident, stream);
+      launch_add_tile_parts<T>(partial_data, warps, turns, Tile::kRows, rows, x_rows, bias, out, stream);
     }
   };
   using One = std::integral_constant<int, 1>;
