@@ -764,12 +764,10 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
     float parts[kAddPartsBatch];
 #pragma unroll
     for (int b = 0; b < kAddPartsBatch; ++b) {
-      parts[b] = j0 + b < later_count ? later[(j0 + b) * 2 * slot_floats] : 0.0f;
+      parts[b] = j0 + b < later_count ? later[(j0 + b) * 2 * slot_floats] : -0.0f;
     }
 #pragma unroll
-    for (int b = 0; b < kAddPartsBatch; ++b) {  // in warp order
-      if (j0 + b < later_count) sum += parts[b];
-    }
+    for (int b = 0; b < kAddPartsBatch; ++b) sum += parts[b];  // in warp order; -0.0 adds nothing, even to -0.0
   }
   out[m * rows + n] = from_float<T>(bias != nullptr ? sum + bias_n : sum);
 }
