@@ -5,8 +5,9 @@
 //    the rows one after another;
 //  - the tensor-core kernel (below, "Tensor-core path"): fp16/bf16 x on sm_80+, when the shape and alignment
 //    allow, of up to kTensorCoreGemvLaunchRows rows, in one launch;
-//  - the warpgroup kernel (below, "Warpgroup path"): the tensor-core kernel's calls of kWgMinXRows rows and more, up
-//    to warpgroup_gemv_max_x_rows (ops.h), on H100 / H200 with sm_90a code but on small-N layers (wg_gemv_applies);
+//  - the warpgroup kernel (below, "Warpgroup path"): the tensor-core kernel's calls of kWgMinXRows to 16 rows that
+//    warpgroup_gemv_takes_x_rows (ops.h) gives it by W's size, on H100 / H200 with sm_90a code but on small-N
+//    layers (wg_gemv_applies);
 //  - the many-rows kernel (csrc/gemv_many_rows.cu): fp16/bf16 x of 17 up to many_rows_gemv_max_rows rows where the
 //    tensor-core kernel's layout fits, in one launch, but for a few last rows on large W (many_rows_gemv_tail_rows),
 //    which then take one launch of the one-row, tensor-core or warpgroup kernel, as a call of those rows alone would;
@@ -785,7 +786,7 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 // wgmmas start from zero and the scales go onto their fp32 sums once their group is done; the step's
 // wgmmas overlap the next step's decode (waiting for all but the newest group). 3 warpgroups per CTA (up to 168
 // registers) were 8-17% faster than 4 (128) in row 98's probe. Which rows it takes, by W's size and the GPU, and
-// what it measured against the tensor-core kernel there: ops.h, kWarpgroupXRowLimits (NOTES gemv rows 99, 101, 104).
+// what it measured against the tensor-core kernel there: ops.h, kWarpgroupXRows (NOTES gemv rows 99, 101, 104, 106).
 // Its second kernel (add_tile_parts_kernel) cost it 2-4.5 us a call (row 99), 1-2.5 us less since row 105's CTA
 // per tile; adding the parts in the kernel, in clusters (row 100) or by the last sharer (rows 102-102c), was slower.
 // The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
@@ -1668,10 +1669,10 @@ int prepare_wg_kernel() {
 
 // Whether the warpgroup kernel takes a call that the tensor-core kernel's layout fits (tensor_core_gemv_applies):
 // where the build has sm_90a code (setup.py defines NF4_WGMMA_SM90A when its only sm_90 target is sm_90a: a build
-// that also has plain sm_90 code might run that on an H100), on an sm_90 GPU, for kWgMinXRows to 16 rows of x, up to
-// the rows ops.h's warpgroup_gemv_max_x_rows gives W's size and the GPU's memory class, on layers whose 16-row tiles
-// would not take one CTA per tile (tc_cta_per_tile: the k/v layers, where 64-row tiles leave SMs idle and the probe
-// of NOTES gemv row 98 was 27-57% slower).
+// that also has plain sm_90 code might run that on an H100), on an sm_90 GPU, for those of kWgMinXRows to 16 rows
+// of x that ops.h's warpgroup_gemv_takes_x_rows gives W's size and the GPU's memory class, on layers whose 16-row
+// tiles would not take one CTA per tile (tc_cta_per_tile: the k/v layers, where 64-row tiles leave SMs idle and the
+// probe of NOTES gemv row 98 was 27-57% slower).
 // The environment's NF4_OPS_WGMMA=0 (exactly "0"; read once per process) turns the kernel off, so that the
 // tensor-core kernel's instances that it replaces on these GPUs can still be tested and compared there.
 // Besides the build's flag, the code this GPU runs must be the sm_90a code: flags added to the build by hand (an
@@ -1695,7 +1696,7 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
   static const bool allowed = !environment_turns_off("NF4_OPS_WGMMA");
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   if (!allowed || props->major != 9 || props->minor != 0 || !wg_kernel_runs_here() || x_rows < kWgMinXRows ||
-      x_rows > warpgroup_gemv_max_x_rows(rows, cols, peak_memory_GBps()) ||
+      !warpgroup_gemv_takes_x_rows(x_rows, rows, cols, peak_memory_GBps()) ||
       props->sharedMemPerBlockOptin < size_t{WgShape<16>::kSharedBytes}) {
     return false;
   }

@@ -107,6 +107,11 @@ struct GemvRowLimit {
   int64_t min_packed_mib;  // from this size of the packed W (N * K / 2 bytes, in MiB) ...
   int64_t max_rows;        // ... up to this many rows of x take the path its table is for
 };
+struct GemvRowRange {
+  int64_t min_packed_mib;  // from this size of the packed W (N * K / 2 bytes, in MiB) ...
+  int64_t min_rows;        // ... from this many rows of x ...
+  int64_t max_rows;        // ... up to this many take the path its table is for (none where max_rows < min_rows)
+};
 // The memory classes of the tables below: the peak DRAM bandwidth from the device's memory clock and bus width.
 // The first table of each pair was measured on an H100 SXM (HBM3, 3.35 TB/s peak), the FastMemory one, for a
 // peak of kFastMemoryMinPeakGBps or more, on an H200 (HBM3e, 4.8 TB/s peak); other GPUs take the class their
@@ -158,37 +163,46 @@ constexpr GemvRowLimit kOneRowXRowLimitsFastMemory[] = {
 };
 
 //  - fp16 / bf16 x on CUDA where the warpgroup kernel applies (csrc/gemv.cu, wg_gemv_applies: sm_90a builds on
-//    H100 / H200, 4-16 rows, layers whose 16-row tiles would not take one CTA per tile): up to these many rows by the
-//    size of W, then the tensor-core kernel. Measured against the tensor-core kernel, 16 calls per graph, every paper
-//    layer at 2-16 rows, two passes (NOTES gemv row 99). H100: 4-8 rows 4-23% faster on the q/o layers (Gemma's q 8 rows
-//    11.6 us against 15.1), 1-4% on Gemma's and Qwen's gate/up and down; 12-16 rows -8% to +1% (Gemma's down 41.2
-//    against 45.0, Llama's q 28.2 against 29.1); on Llama's gate/up and down (112 MiB) 1-4% slower at 4-16 rows.
-constexpr GemvRowLimit kWarpgroupXRowLimits[] = {
-    {0, 16},
-    {100, 0},
+//    H100 / H200, from kWgMinXRows (4) to 16 rows, layers whose 16-row tiles would not take one CTA per tile): these
+//    rows by the size of W, the tensor-core kernel elsewhere. Measured against the tensor-core kernel, 16 calls per
+//    graph, two passes. H100 (NOTES gemv row 99, every paper layer at 2-16 rows): 4-8 rows 4-23% faster on the q/o
+//    layers (Gemma's q 8 rows 11.6 us against 15.1), 1-4% on Gemma's and Qwen's gate/up and down; 12-16 rows -8% to
+//    +1%; on Llama's gate/up and down (112 MiB) 1-4% slower at 4-16 rows. After its shorter loop (row 103) and the
+//    cheaper adding kernel (row 105), Llama's gate/up and down at 4-16 rows (row 106): 0-3% faster at 4-8 rows, 4-6%
+//    at 12-16 (Llama's down 16 rows 66.7 us against 70.8), so every size takes it.
+constexpr GemvRowRange kWarpgroupXRows[] = {
+    {0, 4, 16},
 };
 //    H200 (NOTES gemv row 101): 4-8 rows 6-24% faster below 32 MiB (Gemma's q 8 rows 11.2 us against 14.7, Qwen's q/o
-//    7-9%), Llama's q/o (32 MiB) -2 to +3%; 4 rows 4-19% slower on the gate/up and down layers (Gemma's gate/up 33.6
-//    against 28.3), 12-16 rows within -3% to +9% (no layer 4% faster; Qwen's down +7-9%). After the kernel's shorter
-//    loop (row 103), at 4-16 rows on every size against the tensor-core kernel (row 104, two passes): Gemma's and
-//    Qwen's q 3-5% faster at 16 rows (the same kernel at 4), Llama's q (32 MiB) 7-8% at 4 and 16; Qwen's gate/up and
-//    down (62.5 MiB) mixed (gate/up +8% at 4 rows, -7% at 16; down -4% / -1%), Llama's gate/up +10% / +1%. So the
-//    q/o layers (up to 32 MiB) take it at 4-16 rows; the gate/up and down layers (55 MiB and up) keep the
-//    tensor-core kernel.
-constexpr GemvRowLimit kWarpgroupXRowLimitsFastMemory[] = {
-    {0, 16},
-    {48, 0},
+//    7-9%), Llama's q/o (32 MiB) -2 to +3%; 4 rows 4-19% slower on the gate/up and down layers, 12-16 rows within
+//    -3% to +9%. After row 103 (row 104): Gemma's and Qwen's q 3-5% faster at 16 rows, Llama's q (32 MiB) 7-8% at 4
+//    and 16. After row 105 (row 106, at 4, 8, 12 and 16 rows): Gemma's and Qwen's gate/up and down (55-62.5 MiB)
+//    2-12% faster at 8-16 rows (Gemma's down 8 rows 28.7 us against 32.6) but the gate/up layers 7-9% slower at 4
+//    (the down layers 2-4% faster there); Llama's gate/up and down (112 MiB) -6% to +10% (gate/up +10% at 4 rows,
+//    +3% at 12-16). So up to 48 MiB 4-16 rows, from 48 MiB 8-16 (5-7 rows not measured), from 100 MiB none.
+constexpr GemvRowRange kWarpgroupXRowsFastMemory[] = {
+    {0, 4, 16},
+    {48, 8, 16},
+    {100, 1, 0},
 };
 
-// The max_rows of the last limit whose min_packed_mib the packed W reaches.
+// The entry of a table by size (GemvRowLimit, GemvRowRange) for a W of rows x cols: the last entry whose
+// min_packed_mib the packed W reaches, or nullptr where none does.
+template <typename Entry, size_t kCount>
+const Entry* gemv_size_entry(const Entry (&table)[kCount], int64_t rows, int64_t cols) {
+  const int64_t packed_mib = rows * cols / 2 / (int64_t{1} << 20);
+  const Entry* found = nullptr;
+  for (const Entry& entry : table) {
+    if (packed_mib >= entry.min_packed_mib) found = &entry;
+  }
+  return found;
+}
+
+// The max_rows of the last limit whose min_packed_mib the packed W reaches (0 where none does).
 template <size_t kCount>
 int64_t gemv_row_limit(const GemvRowLimit (&limits)[kCount], int64_t rows, int64_t cols) {
-  const int64_t packed_mib = rows * cols / 2 / (int64_t{1} << 20);
-  int64_t max_rows = 0;
-  for (const GemvRowLimit& limit : limits) {
-    if (packed_mib >= limit.min_packed_mib) max_rows = limit.max_rows;
-  }
-  return max_rows;
+  const GemvRowLimit* limit = gemv_size_entry(limits, rows, cols);
+  return limit != nullptr ? limit->max_rows : 0;
 }
 
 //  - the many-rows kernel (csrc/gemv_many_rows.cu: fp16 / bf16 x where the tensor-core kernel's layout fits): a call
@@ -248,10 +262,13 @@ inline int64_t one_row_gemv_max_x_rows(int64_t rows, int64_t cols, int64_t peak_
                                                     : gemv_row_limit(kOneRowXRowLimits, rows, cols);
 }
 
-// The most rows of fp16 / bf16 x that the warpgroup kernel takes (from kWgMinXRows) on this W and GPU.
-inline int64_t warpgroup_gemv_max_x_rows(int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
-  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? gemv_row_limit(kWarpgroupXRowLimitsFastMemory, rows, cols)
-                                                    : gemv_row_limit(kWarpgroupXRowLimits, rows, cols);
+// Whether the warpgroup kernel's table takes x_rows rows of fp16 / bf16 x on this W and GPU (wg_gemv_applies also
+// asks for the kernel's own minimum, kWgMinXRows, and the GPU).
+inline bool warpgroup_gemv_takes_x_rows(int64_t x_rows, int64_t rows, int64_t cols, int64_t peak_memory_GBps) {
+  const GemvRowRange* range = peak_memory_GBps >= kFastMemoryMinPeakGBps
+                                  ? gemv_size_entry(kWarpgroupXRowsFastMemory, rows, cols)
+                                  : gemv_size_entry(kWarpgroupXRows, rows, cols);
+  return range != nullptr && x_rows >= range->min_rows && x_rows <= range->max_rows;
 }
 
 // How many of the last rows of x take a launch of their own in a call of x_rows rows that the many-rows kernel takes.

@@ -119,19 +119,27 @@ WIDE_TILE_WARPS = 14
 WIDE_TILE_SHARED_BYTES = 64 * 1024 + 1024 + WIDE_TILE_WARPS * 2 * (32 * 128 + 32 * 16)
 
 
+def size_entry(table, shape: tuple[int, int]) -> tuple:
+    """The entry of a table by size of csrc/ops.h ((from this many MiB of packed W, then its rows), as
+    gemv_size_entry reads it) for a W of `shape`: the rest of the last entry whose size the packed W reaches."""
+    packed_mib = shape[0] * shape[1] // 2 // 2**20
+    return [entry[1:] for entry in table if packed_mib >= entry[0]][-1]
+
+
 def row_limit(limits, shape: tuple[int, int]) -> int:
     """The rows of x that a limits table of csrc/ops.h ((from this many MiB of packed W, up to this many rows), as
-    gemv_row_limit reads it) gives a W of `shape`: those of the last entry whose size the packed W reaches."""
-    packed_mib = shape[0] * shape[1] // 2 // 2**20
-    return [max_rows for min_mib, max_rows in limits if packed_mib >= min_mib][-1]
+    gemv_row_limit reads it) gives a W of `shape`."""
+    (max_rows,) = size_entry(limits, shape)
+    return max_rows
 
 
-# The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) rows up to
-# the limit by W's size and the GPU's memory class (csrc/ops.h, kWarpgroupXRowLimits*: (packed MiB from, rows)) on
-# the layers whose 16-row tiles would not take one CTA per tile, in a build with sm_90a code on an sm_90 GPU.
+# The warpgroup kernel (csrc/gemv.cu, wg_gemv_applies): fp16 / bf16 x of WARPGROUP_MIN_X_ROWS (kWgMinXRows) to 16 rows,
+# those of them that the range by W's size and the GPU's memory class gives (csrc/ops.h, kWarpgroupXRows*: (packed MiB
+# from, rows from, rows up to)), on the layers whose 16-row tiles would not take one CTA per tile, in a build with
+# sm_90a code on an sm_90 GPU.
 WARPGROUP_MIN_X_ROWS = 4
-WARPGROUP_X_ROW_LIMITS = [(0, 16), (100, 0)]
-WARPGROUP_X_ROW_LIMITS_FAST_MEMORY = [(0, 16), (48, 0)]
+WARPGROUP_X_ROWS = [(0, 4, 16)]
+WARPGROUP_X_ROWS_FAST_MEMORY = [(0, 4, 16), (48, 8, 16), (100, 1, 0)]
 
 
 def warpgroup_kernel_on() -> bool:
@@ -155,8 +163,8 @@ def warpgroup_takes(shape, rows) -> bool:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if -(-shape[0] // 16) <= sms and shape[1] // 256 <= 32:
         return False
-    limits = WARPGROUP_X_ROW_LIMITS_FAST_MEMORY if has_fast_memory() else WARPGROUP_X_ROW_LIMITS
-    return WARPGROUP_MIN_X_ROWS <= rows <= row_limit(limits, shape)
+    min_rows, max_rows = size_entry(WARPGROUP_X_ROWS_FAST_MEMORY if has_fast_memory() else WARPGROUP_X_ROWS, shape)
+    return WARPGROUP_MIN_X_ROWS <= rows <= 16 and min_rows <= rows <= max_rows
 
 
 def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
@@ -450,6 +458,31 @@ def test_gemv_x_rows_limit_by_size(packed_mib):
             torch.cuda.synchronize()
         names = [event.name for event in profile.events()]
         kernel = "one_row_gemv_kernel" if rows <= one_row_max_x_rows(shape) else "tc_gemv_kernel"
+        assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
+        assert_gemv_close(out, x, packed, args)
+
+
+# csrc/ops.h kWarpgroupXRows and kWarpgroupXRowsFastMemory, at each of their sizes: fp16 / bf16 x of 4-16 rows on
+# weights just below and at each range's size (K = 8192: more 16-row tiles than SMs) take the warpgroup kernel where
+# this GPU's range has those rows, else the tensor-core kernel.
+WARPGROUP_SIZES_MIB = sorted({entry[0] + d for entry in WARPGROUP_X_ROWS + WARPGROUP_X_ROWS_FAST_MEMORY
+                              for d in (-1, 0) if entry[0] > 0})  # fmt: skip
+
+
+@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, sm_90a code and NF4_OPS_WGMMA not 0")
+@pytest.mark.parametrize("packed_mib", WARPGROUP_SIZES_MIB, ids=lambda mib: f"{mib}MiB")
+def test_gemv_warpgroup_rows_by_size(packed_mib):
+    shape = (packed_mib * 256, 8192)
+    assert shape[0] * shape[1] // 2 // 2**20 == packed_mib
+    quantized = bnb_quantize(shape, "nf4", 64, False, device="cuda" if bnb_cuda_works() else "cpu")
+    packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
+    for rows in (4, 7, 8, 16):
+        x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            out = torch.ops.nf4.gemv(x, packed, **args)
+            torch.cuda.synchronize()
+        names = [event.name for event in profile.events()]
+        kernel = "wg_gemv_kernel" if warpgroup_takes(shape, rows) else "tc_gemv_kernel"
         assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in n for n in names) == 1, names
         assert_gemv_close(out, x, packed, args)
 
