@@ -739,9 +739,10 @@ constexpr int kAddPartsMaxThreads = 1024;  // a tile's x_rows x tile_rows output
 
 // For every tile that more than one warp shared, one CTA (tile blockIdx.x) with a thread per output ([x row][tile
 // row], so consecutive threads write consecutive W rows): out = the warps' slots (first_sharer_slot) added in warp
-// order (+ bias). Tiles one warp took whole were written by tc_gemv_kernel, and their CTAs do nothing. Each CTA
-// works out its tile's sharers once, before the wait (it overlaps the previous kernel's end), where a thread per
-// output over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on it.
+// order (+ bias). Tiles one warp took whole were written by the kernel that wrote the parts (tc_gemv_kernel,
+// wg_gemv_kernel), and their CTAs do nothing. Each CTA works out its tile's sharers once, before the wait (it
+// overlaps the previous kernel's end), where a thread per output over the whole grid (rows 64-104) spent ~5 64-bit
+// divisions an output on it (NOTES gemv row 105).
 template <typename T>
 __global__ void __launch_bounds__(kAddPartsMaxThreads)
     add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows, int64_t rows,
