@@ -179,10 +179,12 @@ constexpr GemvRowRange kWarpgroupXRows[] = {
 //    and 16. After row 105 (row 106, at 4, 8, 12 and 16 rows): Gemma's and Qwen's gate/up and down (55-62.5 MiB)
 //    2-12% faster at 8-16 rows (Gemma's down 8 rows 28.7 us against 32.6) but the gate/up layers 7-9% slower at 4
 //    (the down layers 2-4% faster there); Llama's gate/up and down (112 MiB) -6% to +10% (gate/up +10% at 4 rows,
-//    +3% at 12-16). So up to 48 MiB 4-16 rows, from 48 MiB 8-16 (5-7 rows not measured), from 100 MiB none.
+//    +3% at 12-16). At 5-7 rows (row 109): the gate/up layers +3 / +5% at 5, +1 / +3% at 6, -4 / -1% at 7, the down
+//    layers 6-12% faster (a model runs gate and up, two calls, for each down). So up to 48 MiB 4-16 rows, from 48 MiB
+//    7-16, from 100 MiB none.
 constexpr GemvRowRange kWarpgroupXRowsFastMemory[] = {
     {0, 4, 16},
-    {48, 8, 16},
+    {48, 7, 16},
     {100, 1, 0},
 };
 

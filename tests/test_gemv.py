@@ -139,7 +139,7 @@ def row_limit(limits, shape: tuple[int, int]) -> int:
 # sm_90a code on an sm_90 GPU.
 WARPGROUP_MIN_X_ROWS = 4
 WARPGROUP_X_ROWS = [(0, 4, 16)]
-WARPGROUP_X_ROWS_FAST_MEMORY = [(0, 4, 16), (48, 8, 16), (100, 1, 0)]
+WARPGROUP_X_ROWS_FAST_MEMORY = [(0, 4, 16), (48, 7, 16), (100, 1, 0)]
 
 
 def warpgroup_kernel_on() -> bool:
