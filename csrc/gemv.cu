@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <type_traits>
 
 #include "code_pair_table.cuh"
