@@ -814,9 +814,26 @@ template <int kN>
 struct WgShape {
   static constexpr int kKTileBytes = kN * 16 * 2;
   static constexpr int kXStageBytes = 4 * kTcTurnSteps * kKTileBytes;  // a turn's 16 k-tiles
-  static constexpr int kSharedBytes = kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages *
-                                      TileShape<1>::kStageBytes + kWgGroups * 2 * kXStageBytes;
+  static constexpr int kXRingsOffset = kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages *
+                                       TileShape<1>::kStageBytes;
+  static constexpr int kXFullOffset = kXRingsOffset + kWgGroups * 2 * kXStageBytes;  // 2 mbarriers per group
+  static constexpr int kSharedBytes = kXFullOffset + kWgGroups * 2 * 8;
 };
+
+// The x stages' "full" barriers (mbarriers in shared memory, one per stage): each of the group's 128 threads arrives
+// once it has stored and fenced its part of the stage, and waits on the phase before the stage's first wgmma.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_again:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_again;\n}\n" ::"r"(bar), "r"(parity)
+      : "memory");
+}
 
 // Where x row n's logical k values 8h + 2t, + 1 of k-tile j of step u go in an x stage. In the permuted k order
 // (tc_gemv_turn) those are the step's elements 16t + 4j + 2h, + 1.
@@ -881,8 +898,8 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int group = warp / 4, warp_in_group = warp % 4;  // the warp's rows of its group's tile: 16 x warp_in_group
   uint8_t* ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + warp * (kTcStages * Tile16::kStageBytes);
-  uint8_t* x_ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages * Tile16::kStageBytes +
-                    group * 2 * Shape::kXStageBytes;
+  uint8_t* x_ring = wg_shared + Shape::kXRingsOffset + group * 2 * Shape::kXStageBytes;
+  const uint32_t x_full = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared + Shape::kXFullOffset)) + group * 16;
   const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring));
@@ -950,10 +967,9 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, made visible to wgmma's reads
   };
-  const auto group_barrier = [&] { asm volatile("bar.sync %0, 128;" ::"r"(1 + group) : "memory"); };
-
+  if (threadIdx.x % 128 == 0) mbarrier_init(x_full, 128), mbarrier_init(x_full + 8, 128);
   if (count > 0) load_x(first_s);
-  __syncthreads();  // the table
+  __syncthreads();  // the table and the barriers
   // Fewer turns than warpgroups (not under wg_gemv_applies' rule, whose layers all have more turns than warpgroups:
   // kept so that the kernel stays right for any launch): an empty slot 0, which add_tile_parts_kernel adds.
   if (count <= 0) {
@@ -963,7 +979,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     return;
   }
   store_x(0);
-  group_barrier();
+  mbarrier_arrive(x_full);
 
   // k-tile (u, j)'s descriptor is the ring's plus the k-tile's offset in 16-byte units: the address field (bits 0-13)
   // holds shared-window addresses >> 4 up to 256 KB, so an offset inside the ring carries into no other field.
@@ -1015,13 +1031,20 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) acc[i] = fmaf((i / 2) % 2 ? scale_hi[u] : scale_lo[u], sums[u & 1][i], acc[i]);
     };
+    // each step's weight words are read one step ahead, before the previous step's wgmmas are waited on
+    uint2 lo = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g, 0, t));
+    uint2 hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, 0, t));
 #pragma unroll
     for (int u = 0; u < kTcTurnSteps; ++u) {
-      const uint2 lo = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g, u, t));
-      const uint2 hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, u, t));
       uint32_t a[4][4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) a_fragment(j, lo, hi, lut_shared, lane4, a[j]);
+      if (u + 1 < kTcTurnSteps) {
+        lo = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g, u + 1, t));
+        hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, u + 1, t));
+      }
+      // the turn's x stage: stored by the whole group (turn q's is the (q / 2)th phase of its barrier)
+      if (u == 0) mbarrier_wait_parity(x_full + 8 * slot, static_cast<uint32_t>(q >> 1) & 1);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -1039,10 +1062,9 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     if (s + 1 == turns) ++tile, part_begin = 0;
     s = next_s;
     __syncwarp();  // the W stage is read before it is refilled
-    // The x stage refilled here was last read by the previous turn's wgmmas, which every warp of the group waited
-    // for (wait_group 0) before the group barrier that ended that turn.
-    if (more) store_x(slot ^ 1);
-    group_barrier();
+    // The x stage refilled here was last read by the previous turn's wgmmas, which every thread of the group waited
+    // for (wait_group 0) before it arrived on this turn's barrier, which this thread waited on.
+    if (more) store_x(slot ^ 1), mbarrier_arrive(x_full + 8 * (slot ^ 1));
   }
 #else
   wait_for_previous_kernels();

@@ -1,40 +1,49 @@
-# A same-machine A/B of one source variant against the tree, leaner than knob_ab.sh (which also tests the tree and
+# A same-machine A/B of one source variant (or several: NAMES="a b") against the tree, leaner than knob_ab.sh (which also tests the tree and
 # sanitizes only the tree): the variant's sources are .gpu/csrc_$NAME (csrc with a patch applied, e.g.
 #   rm -rf .gpu/csrc_lastadd && cp -r csrc .gpu/csrc_lastadd && patch -d .gpu/csrc_lastadd -p2 < benchmarks/experiments/wg_last_sharer_adding.diff
 # ; that diff is against db0cf54's csrc). Both built for sm_90a in parallel; the variant's warpgroup / determinism / back-to-back / bias / graph / compile
-# tests (TESTS); timing passes tree, variant, tree, variant (few_rows_times.py at ROWS); SANITIZE=1: memcheck and
+# tests (TESTS); timing passes tree, variant(s), tree, variant(s) (few_rows_times.py at ROWS); SANITIZE=1: memcheck and
 # racecheck of the variant. Used for NOTES gemv rows 102-102c (NAME=lastadd) onwards; needs bitsandbytes in .gpu/site.
 #   NAME=lastadd SANITIZE=1 OUT=/tmp/out bash benchmarks/experiments/variant_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-NAME=${NAME:-lastadd}
+NAMES=${NAMES:-${NAME:-lastadd}}  # one variant or several, space-separated, each built and timed against the tree
 TESTS=${TESTS:-warpgroup or determin or back_to_back or bias or graph or compile}
 root=$PWD; start=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-rm -rf /tmp/$NAME && mkdir /tmp/$NAME && cp -r nf4_ops setup.py pyproject.toml benchmarks tests scripts /tmp/$NAME/ &&
-  cp -r .gpu/csrc_$NAME /tmp/$NAME/csrc
-(cd /tmp/$NAME && TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=8 python3 setup.py build_ext --inplace > /tmp/b2.log 2>&1 ||
-  tail -30 /tmp/b2.log) &
-TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=8 python3 setup.py build_ext --inplace > /tmp/b.log 2>&1 || tail -30 /tmp/b.log
+jobs=$(( $(nproc) / ($(echo $NAMES | wc -w) + 1) ))
+for name in $NAMES; do
+  rm -rf /tmp/$name && mkdir /tmp/$name && cp -r nf4_ops setup.py pyproject.toml benchmarks tests scripts /tmp/$name/ &&
+    cp -r .gpu/csrc_$name /tmp/$name/csrc
+  (cd /tmp/$name && TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=$jobs python3 setup.py build_ext --inplace > /tmp/b_$name.log 2>&1 ||
+    tail -30 /tmp/b_$name.log) &
+done
+TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=$jobs python3 setup.py build_ext --inplace > /tmp/b.log 2>&1 || tail -30 /tmp/b.log
 wait; echo "built $((SECONDS-start)) s"
-(cd /tmp/$NAME && PYTHONPATH=$root/.gpu/site:/tmp/$NAME timeout 200 python3 -m pytest tests/test_gemv.py \
-  tests/test_torch_integration.py -q -p no:cacheprovider -k "$TESTS" 2>&1 |
-  grep -E "^FAILED|^E  |passed|failed|Error" | head -20 | tee $OUT/checks.txt)
-echo "tests $((SECONDS-start)) s"
-for label in tree $NAME tree $NAME; do
-  dir=$root; [ $label != tree ] && dir=/tmp/$label
-  (cd $dir && PYTHONPATH=$root/.gpu/site:$dir ROWS=${ROWS:-4,8,16} LAYERS=${LAYERS:-} timeout 150 \
-    python3 $root/benchmarks/experiments/few_rows_times.py $OUT/times.jsonl $label 2>&1 | grep -v Warn | tail -16)
-  echo "$label $((SECONDS-start)) s"
+for name in $NAMES; do
+  (cd /tmp/$name && PYTHONPATH=$root/.gpu/site:/tmp/$name timeout 200 python3 -m pytest tests/test_gemv.py \
+    tests/test_torch_integration.py -q -p no:cacheprovider -k "$TESTS" 2>&1 |
+    grep -E "^FAILED|^E  |passed|failed|Error" | head -20 | sed "s/^/$name: /" | tee -a $OUT/checks.txt)
+  echo "tests $name $((SECONDS-start)) s"
+done
+for pass in 1 2; do
+  for label in tree $NAMES; do
+    dir=$root; [ $label != tree ] && dir=/tmp/$label
+    (cd $dir && PYTHONPATH=$root/.gpu/site:$dir ROWS=${ROWS:-4,8,16} LAYERS=${LAYERS:-} timeout 150 \
+      python3 $root/benchmarks/experiments/few_rows_times.py $OUT/times.jsonl $label 2>&1 | grep -v Warn | tail -16)
+    echo "$label $((SECONDS-start)) s"
+  done
 done
 python3 benchmarks/experiments/ab_summary.py "$OUT/times.jsonl" | tee $OUT/summary.txt
 echo "done $((SECONDS-start)) s"
 if [ "${SANITIZE:-0}" = 1 ]; then
-  for tool in memcheck racecheck; do
-    (cd /tmp/$NAME && PYTHONPATH=$root/.gpu/site:/tmp/$NAME timeout 150 compute-sanitizer --tool $tool \
-      --error-exitcode 1 python3 scripts/sanitizer_workload.py > /tmp/$tool.log 2>&1
-     echo "$NAME $tool rc=$?" | tee -a $OUT/checks.txt)
-    grep -E "mismatch|ERROR SUMMARY|RACECHECK SUMMARY" /tmp/$tool.log | head -n 4 | tee -a $OUT/checks.txt
+  for name in $NAMES; do
+    for tool in memcheck racecheck; do
+      (cd /tmp/$name && PYTHONPATH=$root/.gpu/site:/tmp/$name timeout 150 compute-sanitizer --tool $tool \
+        --error-exitcode 1 python3 scripts/sanitizer_workload.py > /tmp/$tool.log 2>&1
+       echo "$name $tool rc=$?" | tee -a $OUT/checks.txt)
+      grep -E "mismatch|ERROR SUMMARY|RACECHECK SUMMARY" /tmp/$tool.log | head -n 4 | tee -a $OUT/checks.txt
+    done
   done
 fi
 echo "all $((SECONDS-start)) s"
