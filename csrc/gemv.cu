@@ -777,18 +777,19 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 
 // ---------------------------------------------------------------------------------------------------------
 // Warpgroup path (sm_90a: H100 / H200; fp16 / bf16 x, kWgMinXRows to 16 rows, the tensor-core kernel's layout):
-// the tensor-core kernel's decode with wgmma. A warpgroup (4 warps) takes a tile of 64 W rows; each warp stages
-// and decodes its 16 rows exactly as tc_gemv_kernel does (its ring of turn stages, the code pair table, the
-// permuted k order) into wgmma's A operand, from registers, and the warpgroup's x (wgmma's B) sits in a stage of
-// shared memory that its 128 threads fill once per turn, so that one wgmma m64nNk16 per k-tile and warp
-// replaces tc_gemv_kernel's one mma.sync per n-tile. Against the tensor-core kernel's 16-row tiles a warp then
-// loads no x into registers (there it loaded 4x as many bytes of x as of weights at 16 rows, from L2: 16 rows of
-// a large K fit in no L1), x's traffic per weight byte falls 4x, and at 9-16 rows half the mma instructions go
-// (at 1-8 rows wgmma's N is 8, one per k-tile, as many as mma.sync's). Each step's 4
-// wgmmas start from zero and the scales go onto their fp32 sums once their group is done; the step's
-// wgmmas overlap the next step's decode (waiting for all but the newest group). 3 warpgroups per CTA (up to 168
-// registers) were 8-17% faster than 4 (128) in row 98's probe. Which rows it takes, by W's size and the GPU, and
-// what it measured against the tensor-core kernel there: ops.h, kWarpgroupXRows (NOTES gemv rows 99, 101, 104, 106).
+// the tensor-core kernel's decode with wgmma. A warpgroup (4 warps) takes a tile of 64 W rows; each warp stages and
+// decodes its 16 rows exactly as tc_gemv_kernel does (its ring of turn stages, the code pair table, the permuted k
+// order) into wgmma's A operand, from registers, and the warpgroup's x (wgmma's B) sits in a stage of shared memory
+// that its 128 threads fill once per turn (two stages, each handed over by an mbarrier: a thread waits only before a
+// turn's first wgmma, after its first lookups; NOTES gemv row 111), so that one wgmma m64nNk16 per k-tile and warp
+// replaces tc_gemv_kernel's one mma.sync per n-tile. Against the tensor-core kernel's 16-row tiles a warp then loads no
+// x into registers (there it loaded 4x as many bytes of x as of weights at 16 rows, from L2: 16 rows of a large K fit
+// in no L1), x's traffic per weight byte falls 4x, and at 9-16 rows half the mma instructions go (at 1-8 rows wgmma's N
+// is 8, one per k-tile, as many as mma.sync's). Each step's 4 wgmmas start from zero and the scales go onto their fp32
+// sums once their group is done; the step's wgmmas overlap the next step's decode (waiting for all but the newest
+// group). 3 warpgroups per CTA (up to 168 registers) were 8-17% faster than 4 (128) in row 98's probe. Which rows
+// it takes, by W's size and the GPU, and what it measured against the tensor-core kernel there: ops.h,
+// kWarpgroupXRows (NOTES gemv rows 99, 101, 104, 106).
 // Its second kernel (add_tile_parts_kernel) cost it 2-4.5 us a call (row 99), 1-2.5 us less since row 105's CTA
 // per tile; adding the parts in the kernel, in clusters (row 100) or by the last sharer (rows 102-102c), was slower.
 // The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
