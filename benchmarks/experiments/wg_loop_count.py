@@ -33,12 +33,15 @@ def functions(sass: str):
 
 def hot_loop(code):
     """(loop instructions, instructions without the flush branch) of the innermost backward branch's loop that holds
-    an HGMMA."""
+    an HGMMA and an LDGSTS."""
     loops = []
     for address, text in code:
         if text.startswith("BRA") and (target := TARGET.search(text)) and int(target.group(1), 16) < address:
             loops.append((int(target.group(1), 16), address))
-    loops = [(a, b) for a, b in loops if any(a <= x <= b and t.startswith("HGMMA") for x, t in code)]
+    # the turn loop stages weights (LDGSTS) and runs wgmmas; an mbarrier wait's retry branch, placed after the
+    # function's main code, jumps back into the loop and spans HGMMAs too, but no LDGSTS
+    loops = [(a, b) for a, b in loops
+             if all(any(a <= x <= b and t.startswith(op) for x, t in code) for op in ("HGMMA", "LDGSTS"))]
     start, end = min(loops, key=lambda loop: loop[1] - loop[0])
     body = [(x, t) for x, t in code if start <= x <= end]
     last_wait = max(i for i, (_, t) in enumerate(body) if t.startswith("WARPGROUP.DEPBAR.LE gsb0, 0x0"))
