@@ -928,34 +928,33 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   // x: lane (rn, tt) = (lane / 4, lane % 4) of the group's warp w loads, for combos c = (kN / 4) w + i, 16 bytes of
   // x row 8 (c >> 3) + rn, step (c >> 1) & 3, elements 16 tt + 8 (c & 1) .. + 7, and stores its 4 words where
   // wg_x_offset puts them: each store instruction fills the 32 (rn, tt) word slots of a core matrix row pair, so
-  // no two lanes share a bank. Rows past x's last are zeros.
+  // no two lanes share a bank. Since kN / 4 divides 8, a lane's loads all read one x row, at steps x_step0 + i / 2
+  // (no carry past step 3): one address and one stage offset serve them all, the rest constant offsets from those.
+  // Lanes of rows past x's last read row 0 instead: an x row feeds only its own column of wgmma's sums, and the
+  // flush and add_tile_parts_kernel drop those columns.
   constexpr int kXLoads = kN / 4;
+  static_assert(8 % kXLoads == 0, "a lane's x loads stay in one x row");
   uint4 x_words[kXLoads];
   const int rn = lane / 4, tt = lane % 4;
-  // The lane's x row and place in a turn for each load are the same every turn: their addresses at turn 0, once.
-  const T* x_turn0[kXLoads];
-  bool x_row_valid[kXLoads];
-#pragma unroll
-  for (int i = 0; i < kXLoads; ++i) {
-    const int combo = kXLoads * warp_in_group + i, n = 8 * (combo >> 3) + rn;
-    x_row_valid[i] = n < x_rows;
-    x_turn0[i] = x + int64_t{n < x_rows ? n : 0} * cols + ((combo >> 1) & 3) * kTcStep + 16 * tt + 8 * (combo & 1);
-  }
+  const int x_row = 8 * ((kXLoads * warp_in_group) >> 3) + rn, x_step0 = ((kXLoads * warp_in_group) >> 1) & 3;
+  const T* x_lane = x + int64_t{x_row < x_rows ? x_row : 0} * cols + x_step0 * kTcStep + 16 * tt;  // at turn 0
+  const uint32_t x_store0 = wg_x_offset<kN>(x_step0, 0, x_row, 0, tt);
   const auto load_x = [&](int s) {
+    const uint4* from = reinterpret_cast<const uint4*>(x_lane + int64_t{s} * kTcTurn);
 #pragma unroll
-    for (int i = 0; i < kXLoads; ++i) {
-      x_words[i] = load_16_or_zero(x_row_valid[i], reinterpret_cast<const uint4*>(x_turn0[i] + int64_t{s} * kTcTurn));
+    for (int i = 0; i < kXLoads; ++i) {  // load i: step x_step0 + i / 2, elements + 8 (i % 2)
+      x_words[i] = __ldg(from + (i / 2) * (kTcStep / 8) + i % 2);
     }
   };
   const auto store_x = [&](int slot) {
-    uint8_t* stage = x_ring + slot * Shape::kXStageBytes;
+    uint8_t* stage = x_ring + slot * Shape::kXStageBytes + x_store0;
 #pragma unroll
     for (int i = 0; i < kXLoads; ++i) {
-      const int combo = kXLoads * warp_in_group + i, n = 8 * (combo >> 3) + rn, u = (combo >> 1) & 3, hh = combo & 1;
       const uint32_t words[4] = {x_words[i].x, x_words[i].y, x_words[i].z, x_words[i].w};
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {  // elements 8 hh + 2w, + 1 of lane tt's 16: k-tile 2 hh + w / 2, half w % 2
-        *reinterpret_cast<uint32_t*>(stage + wg_x_offset<kN>(u, 2 * hh + w / 2, n, w % 2, tt)) = words[w];
+      for (int w = 0; w < 4; ++w) {  // elements 8 (i % 2) + 2w, + 1 of lane tt's 16, half w % 2 of k-tile:
+        const int k_tile = 4 * (i / 2) + 2 * (i % 2) + w / 2;  // counted from step x_step0's first
+        *reinterpret_cast<uint32_t*>(stage + k_tile * Shape::kKTileBytes + (w % 2) * kWgXCoreBytes) = words[w];
       }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, made visible to wgmma's reads
