@@ -75,23 +75,6 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
 // shuffles). threadIdx.x / 32 is the same number, but the compiler does not know that it is one per warp.
 __device__ __forceinline__ int warp_in_cta() { return __shfl_sync(0xFFFFFFFFu, static_cast<int>(threadIdx.x / 32), 0); }
 
-// The second kernels that add stream-K parts (add_tile_parts_kernel, add_run_parts_kernel): `first` plus the
-// `count` floats at later[0], later[stride], later[2 stride], ... added one at a time in that order, so the sum's
-// bits are fixed. They are loaded kBatch at a time, one trip to L2 per batch instead of per part; a batch's loads
-// past `count` read nothing and add -0.0, which changes no sum, not even a -0.0 one.
-template <int kBatch>
-__device__ __forceinline__ float add_strided_parts(float first, const float* later, int64_t stride, int count) {
-  float sum = first;
-  for (int j0 = 0; j0 < count; j0 += kBatch) {
-    float parts[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) parts[b] = j0 + b < count ? later[(j0 + b) * stride] : -0.0f;
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) sum += parts[b];
-  }
-  return sum;
-}
-
 // Whether a pointer allows 16-byte vector access.
 inline bool is_aligned_16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 

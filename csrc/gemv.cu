@@ -758,12 +758,20 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
   wait_for_previous_kernels();
   if (w_first == w_last || m >= x_rows || n >= rows) return;
   const int64_t slot_floats = int64_t{x_rows} * tile_rows;
-  const float* part = partial + threadIdx.x;  // + slot index x slot_floats
+  const float* part = partial + threadIdx.x;                    // + slot index x slot_floats
+  const float* later = part + (w_first + 1) * 2 * slot_floats;  // the later sharers' slot 0, 2 x slot_floats apart
+  const int later_count = static_cast<int>(w_last - w_first);
   const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;  // loaded with the first batch
-  // in warp order: the first sharer's slot, then the later sharers' slot 0, 2 x slot_floats apart
-  const float sum = add_strided_parts<kAddPartsBatch>(part[first_slot * slot_floats],
-                                                      part + (w_first + 1) * 2 * slot_floats, 2 * slot_floats,
-                                                      static_cast<int>(w_last - w_first));
+  float sum = part[first_slot * slot_floats];
+  for (int j0 = 0; j0 < later_count; j0 += kAddPartsBatch) {
+    float parts[kAddPartsBatch];
+#pragma unroll
+    for (int b = 0; b < kAddPartsBatch; ++b) {
+      parts[b] = j0 + b < later_count ? later[(j0 + b) * 2 * slot_floats] : -0.0f;
+    }
+#pragma unroll
+    for (int b = 0; b < kAddPartsBatch; ++b) sum += parts[b];  // in warp order; -0.0 adds nothing, even to -0.0
+  }
   out[m * rows + n] = from_float<T>(bias != nullptr ? sum + bias_n : sum);
 }
 

@@ -379,10 +379,14 @@ __global__ void __launch_bounds__(kMrTileRows)
   // tile (then it is its only one).
   const auto part_of = [&](int64_t run, int which) { return (2 * (run * m_tiles + m_tile) + which) * kMrTileOutputs; };
   const float* at = partial + blockIdx.y * kMrTileRows + threadIdx.x;
-  // in run order: the first run's part, then the later runs' parts 0, part_of(1, 0) - part_of(0, 0) apart
-  const float sum = add_strided_parts<4>(at[part_of(first, run_begin(first, units, runs) < first_unit ? 1 : 0)],
-                                         at + part_of(first + 1, 0), part_of(1, 0) - part_of(0, 0),
-                                         static_cast<int>(last - first));
+  float sum = at[part_of(first, run_begin(first, units, runs) < first_unit ? 1 : 0)];
+  for (int64_t run = first + 1; run <= last; run += 4) {
+    float part[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) part[u] = run + u <= last ? at[part_of(run + u, 0)] : -0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) sum += part[u];  // in run order; -0.0 adds nothing, not even to a -0.0 sum
+  }
   out[int64_t{m} * rows + n] = from_float<T>(sum + (bias != nullptr ? to_float(bias[n]) : 0.0f));
 }
 
