@@ -743,7 +743,8 @@ constexpr int kAddPartsMaxThreads = 1024;  // a tile's x_rows x tile_rows output
 // order (+ bias). Tiles one warp took whole were written by the kernel that wrote the parts (tc_gemv_kernel,
 // wg_gemv_kernel), and their CTAs do nothing. Each CTA works out its tile's sharers once, before the wait (it
 // overlaps the previous kernel's end), where a thread per output over the whole grid (rows 64-104) spent ~5 64-bit
-// divisions an output on it (NOTES gemv row 105).
+// divisions an output on it (NOTES gemv row 105). add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
+// way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
 template <typename T>
 __global__ void __launch_bounds__(kAddPartsMaxThreads)
     add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows, int64_t rows,
