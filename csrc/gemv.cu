@@ -809,6 +809,7 @@ constexpr int kWgWarps = 4 * kWgGroups;
 constexpr int kWgTileRows = 4 * kTcMmaRows;      // wgmma's M
 constexpr int kWgMinXRows = NF4_WG_MIN_X_ROWS;
 constexpr int kWgXCoreBytes = 128;               // a core matrix of wgmma's B: 8 rows of x x 8 k values
+constexpr int kMbarrierBytes = 8;                // an mbarrier object in shared memory (PTX: .b64)
 // wgmma's B for k-tile j of step u: kN rows of x x 16 k, as core matrices (K-major, no swizzle): the two along K
 // (logical k 0-7, 8-15) kWgXCoreBytes apart (the descriptor's leading byte offset), the ones along N (x rows 0-7,
 // 8-15) 2 x kWgXCoreBytes apart (its stride byte offset).
@@ -819,7 +820,7 @@ struct WgShape {
   static constexpr int kXRingsOffset = kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages *
                                        TileShape<1>::kStageBytes;
   static constexpr int kXFullOffset = kXRingsOffset + kWgGroups * 2 * kXStageBytes;  // 2 mbarriers per group
-  static constexpr int kSharedBytes = kXFullOffset + kWgGroups * 2 * 8;
+  static constexpr int kSharedBytes = kXFullOffset + kWgGroups * 2 * kMbarrierBytes;
 };
 
 // The x stages' "full" barriers (mbarriers in shared memory, one per stage): each of the group's 128 threads arrives
@@ -901,7 +902,9 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   const int group = warp / 4, warp_in_group = warp % 4;  // the warp's rows of its group's tile: 16 x warp_in_group
   uint8_t* ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + warp * (kTcStages * Tile16::kStageBytes);
   uint8_t* x_ring = wg_shared + Shape::kXRingsOffset + group * 2 * Shape::kXStageBytes;
-  const uint32_t x_full = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared + Shape::kXFullOffset)) + group * 16;
+  // the group's x stages' barriers: stage slot's at x_full + kMbarrierBytes * slot
+  const uint32_t x_full = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared + Shape::kXFullOffset)) +
+                          group * 2 * kMbarrierBytes;
   const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring));
@@ -968,7 +971,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, made visible to wgmma's reads
   };
-  if (threadIdx.x % 128 == 0) mbarrier_init(x_full, 128), mbarrier_init(x_full + 8, 128);
+  if (threadIdx.x % 128 == 0) mbarrier_init(x_full, 128), mbarrier_init(x_full + kMbarrierBytes, 128);
   if (count > 0) load_x(first_s);
   __syncthreads();  // the table and the barriers
   // Fewer turns than warpgroups (not under wg_gemv_applies' rule, whose layers all have more turns than warpgroups:
@@ -1045,7 +1048,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
         hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, u + 1, t));
       }
       // the turn's x stage: stored by the whole group (turn q's is the (q / 2)th phase of its barrier)
-      if (u == 0) mbarrier_wait_parity(x_full + 8 * slot, static_cast<uint32_t>(q >> 1) & 1);
+      if (u == 0) mbarrier_wait_parity(x_full + kMbarrierBytes * slot, static_cast<uint32_t>(q >> 1) & 1);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -1065,7 +1068,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     __syncwarp();  // the W stage is read before it is refilled
     // The x stage refilled here was last read by the previous turn's wgmmas, which every thread of the group waited
     // for (wait_group 0) before it arrived on this turn's barrier, which this thread waited on.
-    if (more) store_x(slot ^ 1), mbarrier_arrive(x_full + 8 * (slot ^ 1));
+    if (more) store_x(slot ^ 1), mbarrier_arrive(x_full + kMbarrierBytes * (slot ^ 1));
   }
 #else
   wait_for_previous_kernels();
