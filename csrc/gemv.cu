@@ -736,7 +736,7 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 // How many sharers' parts a thread of add_tile_parts_kernel loads before it adds them: a tile of s sharers costs
 // about ceil(s / kAddPartsBatch) trips to L2 (Gemma's q at 16 rows on the warpgroup kernel has ~7 sharers a tile).
 constexpr int kAddPartsBatch = 8;
-constexpr int kAddPartsMaxThreads = 1024;  // a tile's x_rows x tile_rows outputs: up to 16 x 64
+constexpr int kAddPartsMaxThreads = 1024;  // a tile's x_rows x tile_rows outputs (up to 16 x 192) take 1 to 3 CTAs
 
 // For every tile that more than one warp shared, one CTA (tile blockIdx.x) with a thread per output ([x row][tile
 // row], so consecutive threads write consecutive W rows): out = the warps' slots (first_sharer_slot) added in warp
@@ -754,12 +754,13 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
   const int64_t total = (rows + tile_rows - 1) / tile_rows * turns;
   const int64_t first_slot = first_sharer_slot(tile * turns, warps, total);
   const int64_t w_first = first_slot / 2, w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
-  const int m = threadIdx.x / tile_rows, r = threadIdx.x % tile_rows;
+  const int i = blockIdx.y * blockDim.x + threadIdx.x;  // the output's index in the tile's [x row][tile row]
+  const int m = i / tile_rows, r = i % tile_rows;
   const int64_t n = tile * tile_rows + r;
   wait_for_previous_kernels();
   if (w_first == w_last || m >= x_rows || n >= rows) return;
   const int64_t slot_floats = int64_t{x_rows} * tile_rows;
-  const float* part = partial + threadIdx.x;                    // + slot index x slot_floats
+  const float* part = partial + i;                              // + slot index x slot_floats
   const float* later = part + (w_first + 1) * 2 * slot_floats;  // the later sharers' slot 0, 2 x slot_floats apart
   const int later_count = static_cast<int>(w_last - w_first);
   const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;  // loaded with the first batch
@@ -780,10 +781,14 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 // Warpgroup path (sm_90a: H100 / H200; fp16 / bf16 x, kWgMinXRows to 16 rows, the tensor-core kernel's layout):
 // the tensor-core kernel's decode with wgmma. A warpgroup (4 warps) takes a tile of 64 W rows; each warp stages and
 // decodes its 16 rows exactly as tc_gemv_kernel does (its ring of turn stages, the code pair table, the permuted k
-// order) into wgmma's A operand, from registers, and the warpgroup's x (wgmma's B) sits in a stage of shared memory
-// that its 128 threads fill once per turn (two stages, each handed over by an mbarrier: a thread waits only before a
-// turn's first wgmma, after its first lookups; NOTES gemv row 111), so that one wgmma m64nNk16 per k-tile and warp
-// replaces tc_gemv_kernel's one mma.sync per n-tile. Against the tensor-core kernel's 16-row tiles a warp then loads no
+// order) into wgmma's A operand, from registers, and x (wgmma's B) sits in a stage of shared memory that the
+// warpgroup's team fills once per turn (a ring of stages, each handed over by an mbarrier: a thread waits only before
+// a turn's first wgmma, after its first lookups; NOTES gemv row 111), so that one wgmma m64nNk16 per k-tile and warp
+// replaces tc_gemv_kernel's one mma.sync per n-tile. A team is the warpgroup alone at 1-8 rows of x, and the CTA's
+// three warpgroups at 9-16 (WgShape::kXGroups), where x has as many bytes as the weights: they take three adjacent
+// tiles at the same turns, load each x stage once, and store it two turns ahead, so that they may drift a turn
+// apart (row 115c: 16 rows 1-14% faster on an H100; stored one turn ahead, the 12 warps' barrier cost more than the
+// shared x saved, rows 115-115b). Against the tensor-core kernel's 16-row tiles a warp then loads no
 // x into registers (there it loaded 4x as many bytes of x as of weights at 16 rows, from L2: 16 rows of a large K fit
 // in no L1), x's traffic per weight byte falls 4x, and at 9-16 rows half the mma instructions go (at 1-8 rows wgmma's N
 // is 8, one per k-tile, as many as mma.sync's). Each step's 4 wgmmas start from zero and the scales go onto their fp32
@@ -795,14 +800,28 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 // per tile; adding the parts in the kernel, in clusters (row 100) or by the last sharer (rows 102-102c), was slower.
 // The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
 // ones; 27-57% slower in row 98's probe) keep the tensor-core kernel.
-// Stream-K as in tc_gemv_kernel, over warpgroups: each takes a contiguous run of the (tile, turn) sequence, writes
-// the tiles it takes whole and puts its parts of shared tiles into two fp32 slots, which add_tile_parts_kernel adds
-// in warpgroup order, so the result is the same on every run.
+// Stream-K as in tc_gemv_kernel, over teams: each takes a contiguous run of the (team tile, turn) sequence, writes
+// the team tiles it takes whole and puts its parts of shared ones into two fp32 slots, which add_tile_parts_kernel
+// adds in team order, so the result is the same on every run.
 #ifndef NF4_WG_GROUPS
 #define NF4_WG_GROUPS 3
 #endif
 #ifndef NF4_WG_MIN_X_ROWS
 #define NF4_WG_MIN_X_ROWS 4
+#endif
+// How many of a CTA's warpgroups share one x stage (a team), and how many turns ahead the team stores x, for wgmma's
+// N = 8 (1-8 rows of x) and N = 16 (9-16): NOTES gemv rows 115-115c.
+#ifndef NF4_WG_X_GROUPS_N8
+#define NF4_WG_X_GROUPS_N8 1
+#endif
+#ifndef NF4_WG_X_AHEAD_N8
+#define NF4_WG_X_AHEAD_N8 1
+#endif
+#ifndef NF4_WG_X_GROUPS_N16
+#define NF4_WG_X_GROUPS_N16 3
+#endif
+#ifndef NF4_WG_X_AHEAD_N16
+#define NF4_WG_X_AHEAD_N16 2
 #endif
 constexpr int kWgGroups = NF4_WG_GROUPS;         // warpgroups per CTA, one CTA per SM (they share one table)
 constexpr int kWgWarps = 4 * kWgGroups;
@@ -813,18 +832,35 @@ constexpr int kMbarrierBytes = 8;                // an mbarrier object in shared
 // wgmma's B for k-tile j of step u: kN rows of x x 16 k, as core matrices (K-major, no swizzle): the two along K
 // (logical k 0-7, 8-15) kWgXCoreBytes apart (the descriptor's leading byte offset), the ones along N (x rows 0-7,
 // 8-15) 2 x kWgXCoreBytes apart (its stride byte offset).
+// A team (kXGroups warpgroups that share one x stage a turn) takes a team tile: its groups' kXGroups adjacent 64-row
+// tiles, at the same turns. It stores x kXAhead turns ahead into a ring of 2 kXAhead stages, so its groups may drift
+// up to kXAhead - 1 turns apart.
 template <int kN>
 struct WgShape {
   static constexpr int kKTileBytes = kN * 16 * 2;
   static constexpr int kXStageBytes = 4 * kTcTurnSteps * kKTileBytes;  // a turn's 16 k-tiles
+  static constexpr int kXGroups = kN == 16 ? NF4_WG_X_GROUPS_N16 : NF4_WG_X_GROUPS_N8;
+  static constexpr int kXAhead = kN == 16 ? NF4_WG_X_AHEAD_N16 : NF4_WG_X_AHEAD_N8;
+  static constexpr int kXSlots = 2 * kXAhead;
+  static constexpr int kTeams = kWgGroups / kXGroups;  // per CTA
+  static constexpr int kTeamWarps = 4 * kXGroups;
+  static constexpr int kTeamRows = kXGroups * kWgTileRows;
+  static_assert(kXGroups >= 1 && kWgGroups % kXGroups == 0, "NF4_WG_X_GROUPS_*: a divisor of NF4_WG_GROUPS");
+  static_assert(kXAhead >= 1 && (kXAhead & (kXAhead - 1)) == 0, "NF4_WG_X_AHEAD_*: a power of two");
+  // A stage's 512-byte pieces (combos: a warp's 32 lanes x 16 bytes), shared out over the team's warps: a warp takes a
+  // run of kXLoads consecutive ones where they share out evenly, else every kTeamWarps-th from its first.
+  static constexpr int kXCombos = kXStageBytes / 512;
+  static constexpr int kXLoads = (kXCombos + kTeamWarps - 1) / kTeamWarps;
+  static constexpr bool kXRun = kXCombos % kTeamWarps == 0;
+  static_assert(!kXRun || 8 % kXLoads == 0, "a warp's run of combos stays in one x row");
   static constexpr int kXRingsOffset = kCodePairTableBytes + kTcCode2Bytes + kWgWarps * kTcStages *
                                        TileShape<1>::kStageBytes;
-  static constexpr int kXFullOffset = kXRingsOffset + kWgGroups * 2 * kXStageBytes;  // 2 mbarriers per group
-  static constexpr int kSharedBytes = kXFullOffset + kWgGroups * 2 * kMbarrierBytes;
+  static constexpr int kXFullOffset = kXRingsOffset + kTeams * kXSlots * kXStageBytes;  // then a barrier per stage
+  static constexpr int kSharedBytes = kXFullOffset + kTeams * kXSlots * kMbarrierBytes;
 };
 
-// The x stages' "full" barriers (mbarriers in shared memory, one per stage): each of the group's 128 threads arrives
-// once it has stored and fenced its part of the stage, and waits on the phase before the stage's first wgmma.
+// The x stages' "full" barriers (mbarriers in shared memory, one per stage): each of the team's threads arrives once
+// it has stored and fenced its part of the stage, and waits on the phase before the stage's first wgmma.
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -881,7 +917,7 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], const uint32_t (&a
 }
 
 // Requirements (checked by wg_gemv_applies): tc_gemv_kernel's, sm_90a, kWgMinXRows <= x_rows <= kN. `partial`
-// holds two [x_rows][64] fp32 slots per warpgroup (tc_partial_floats).
+// holds two [x_rows][WgShape<kN>::kTeamRows] fp32 slots per team (tc_partial_floats).
 template <typename T, int kN, bool kNested>
 __global__ void __launch_bounds__(kWgWarps * 32, 1)
     wg_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
@@ -900,35 +936,39 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   const int warp = warp_in_cta();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int group = warp / 4, warp_in_group = warp % 4;  // the warp's rows of its group's tile: 16 x warp_in_group
+  const int team = group / Shape::kXGroups, group_in_team = group % Shape::kXGroups;
+  const int warp_in_team = warp % Shape::kTeamWarps;
   uint8_t* ring = wg_shared + kCodePairTableBytes + kTcCode2Bytes + warp * (kTcStages * Tile16::kStageBytes);
-  uint8_t* x_ring = wg_shared + Shape::kXRingsOffset + group * 2 * Shape::kXStageBytes;
-  // the group's x stages' barriers: stage slot's at x_full + kMbarrierBytes * slot
+  uint8_t* x_ring = wg_shared + Shape::kXRingsOffset + team * Shape::kXSlots * Shape::kXStageBytes;
+  // the team's x stages' barriers: stage slot's at x_full + kMbarrierBytes * slot
   const uint32_t x_full = static_cast<uint32_t>(__cvta_generic_to_shared(wg_shared + Shape::kXFullOffset)) +
-                          group * 2 * kMbarrierBytes;
+                          team * Shape::kXSlots * kMbarrierBytes;
   const uint32_t lut_shared = static_cast<uint32_t>(__cvta_generic_to_shared(lut));
   const uint32_t ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(ring));
   const uint32_t x_ring_shared = static_cast<uint32_t>(__cvta_generic_to_shared(x_ring));
   const uint32_t lane4 = 4 * lane;
   const TurnBlocks blocks = turn_blocks(blocksize_log2);
   const int turns = static_cast<int>(cols / kTcTurn);  // per tile
-  const int64_t tiles = (rows + kWgTileRows - 1) / kWgTileRows;
-  const int64_t group_id = int64_t{blockIdx.x} * kWgGroups + group;
-  const WarpTurns mine = warp_turns(group_id, int64_t{gridDim.x} * kWgGroups, tiles * turns);
-  const int64_t count = mine.end - mine.first;  // the group's turns
+  const int64_t tiles = (rows + Shape::kTeamRows - 1) / Shape::kTeamRows;  // team tiles
+  const int64_t team_id = int64_t{blockIdx.x} * Shape::kTeams + team;
+  const WarpTurns mine = warp_turns(team_id, int64_t{gridDim.x} * Shape::kTeams, tiles * turns);
+  const int64_t count = mine.end - mine.first;  // the team's turns (each of its groups')
   const int64_t first_tile = mine.first / turns;
   const int first_s = static_cast<int>(mine.first - first_tile * turns);
   wait_for_previous_kernels();
 
-  // The warp's 16 rows of tile `tile` are 16-row tile 4 x tile + warp_in_group.
+  // The warp's 16 rows of team tile `tile` are 16-row tile 4 (kXGroups x tile + group_in_team) + warp_in_group (past
+  // W's last row where a last team tile has fewer 64-row tiles: zero-filled, and dropped by the flush).
+  const auto warp_tile16 = [&](int64_t tile) { return 4 * (Shape::kXGroups * tile + group_in_team) + warp_in_group; };
   int64_t staged_tile = first_tile;
   int staged_s = first_s;
-  StageSource source = stage_source<Tile16::kRows>(packed, 4 * first_tile + warp_in_group, first_s, lane, rows, cols);
+  StageSource source = stage_source<Tile16::kRows>(packed, warp_tile16(first_tile), first_s, lane, rows, cols);
   const auto stage_next = [&](int64_t q) {
     stage_turn<Tile16::kRows, kNested>(ring_shared + (static_cast<int>(q) & (kTcStages - 1)) * Tile16::kStageBytes,
                                        source, rows, cols, scales, blocksize_log2, blocks, lane);
     if (++staged_s == turns) {
       staged_s = 0;
-      source = stage_source<Tile16::kRows>(packed, 4 * ++staged_tile + warp_in_group, 0, lane, rows, cols);
+      source = stage_source<Tile16::kRows>(packed, warp_tile16(++staged_tile), 0, lane, rows, cols);
     }
   };
   for (int q = 0; q < kTcStages - 1; ++q) {
@@ -937,53 +977,80 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   }
   const NestedDecode nested = fill_decode_tables<T, kNested>(lut, code2, quant_type, scales);
 
-  // x: lane (rn, tt) = (lane / 4, lane % 4) of the group's warp w loads, for combos c = (kN / 4) w + i, 16 bytes of
-  // x row 8 (c >> 3) + rn, step (c >> 1) & 3, elements 16 tt + 8 (c & 1) .. + 7, and stores its 4 words where
-  // wg_x_offset puts them: each store instruction fills the 32 (rn, tt) word slots of a core matrix row pair, so
-  // no two lanes share a bank. Since kN / 4 divides 8, a lane's loads all read one x row, at steps x_step0 + i / 2
-  // (no carry past step 3): one address and one stage offset serve them all, the rest constant offsets from those.
-  // Lanes of rows past x's last read row 0 instead: an x row feeds only its own column of wgmma's sums, and the
-  // flush and add_tile_parts_kernel drop those columns.
-  constexpr int kXLoads = kN / 4;
-  static_assert(8 % kXLoads == 0, "a lane's x loads stay in one x row");
-  uint4 x_words[kXLoads];
+  // x: for combo c of a stage (Shape::kXCombos; the team's warp w takes c = c_first + kXStride i, i < kXLoads) lane
+  // (rn, tt) = (lane / 4, lane % 4) loads 16 bytes of x row 8 (c >> 3) + rn, step (c >> 1) & 3, elements 16 tt +
+  // 8 (c & 1) .. + 7, and stores its 4 words where wg_x_offset puts them: each store instruction fills the 32 (rn, tt)
+  // word slots of a core matrix row pair, so no two lanes share a bank. In a run (kXRun: kXLoads divides 8) a lane's
+  // loads all read one x row, at steps step(c_first) + i / 2 (no carry past step 3): one address and one stage offset
+  // serve them all, the rest constant offsets from those (NOTES gemv row 112). Lanes of rows past x's last read row 0
+  // instead: an x row feeds only its own column of wgmma's sums, and the flush and add_tile_parts_kernel drop those
+  // columns.
+  constexpr int kXLoads = Shape::kXLoads, kXStride = Shape::kXRun ? 1 : Shape::kTeamWarps;
+  const int c_first = Shape::kXRun ? kXLoads * warp_in_team : warp_in_team;
+  const auto has_combo = [&](int i) { return Shape::kXRun || c_first + kXStride * i < Shape::kXCombos; };  // uniform
   const int rn = lane / 4, tt = lane % 4;
-  const int x_row = 8 * ((kXLoads * warp_in_group) >> 3) + rn, x_step0 = ((kXLoads * warp_in_group) >> 1) & 3;
-  const T* x_lane = x + int64_t{x_row < x_rows ? x_row : 0} * cols + x_step0 * kTcStep + 16 * tt;  // at turn 0
-  const uint32_t x_store0 = wg_x_offset<kN>(x_step0, 0, x_row, 0, tt);
-  const auto load_x = [&](int s) {
-    const uint4* from = reinterpret_cast<const uint4*>(x_lane + int64_t{s} * kTcTurn);
+  const T* x_lane[kXLoads];   // load i's address at turn 0
+  uint32_t x_store[kXLoads];  // and its first word's offset in a stage
 #pragma unroll
-    for (int i = 0; i < kXLoads; ++i) {  // load i: step x_step0 + i / 2, elements + 8 (i % 2)
-      x_words[i] = __ldg(from + (i / 2) * (kTcStep / 8) + i % 2);
+  for (int i = 0; i < kXLoads; ++i) {
+    if (Shape::kXRun && i > 0) {
+      x_lane[i] = x_lane[0] + (i / 2) * kTcStep + 8 * (i % 2);
+      x_store[i] = x_store[0] + (4 * (i / 2) + 2 * (i % 2)) * Shape::kKTileBytes;
+    } else {
+      const int c = c_first + kXStride * i, x_row = 8 * (c >> 3) + rn, step = (c >> 1) & 3, half = c & 1;
+      x_lane[i] = x + int64_t{x_row < x_rows ? x_row : 0} * cols + step * kTcStep + 16 * tt + 8 * half;
+      x_store[i] = wg_x_offset<kN>(step, 2 * half, x_row, 0, tt);
     }
-  };
-  const auto store_x = [&](int slot) {
-    uint8_t* stage = x_ring + slot * Shape::kXStageBytes + x_store0;
+  }
+  uint4 x_words[kXLoads];
+  const auto load_x = [&](int s, uint4(&words)[kXLoads]) {
 #pragma unroll
     for (int i = 0; i < kXLoads; ++i) {
-      const uint32_t words[4] = {x_words[i].x, x_words[i].y, x_words[i].z, x_words[i].w};
+      if (has_combo(i)) words[i] = __ldg(reinterpret_cast<const uint4*>(x_lane[i] + int64_t{s} * kTcTurn));
+    }
+  };
+  const auto store_x = [&](int slot, const uint4(&words)[kXLoads]) {
+    uint8_t* stage = x_ring + slot * Shape::kXStageBytes;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {  // elements 8 (i % 2) + 2w, + 1 of lane tt's 16, half w % 2 of k-tile:
-        const int k_tile = 4 * (i / 2) + 2 * (i % 2) + w / 2;  // counted from step x_step0's first
-        *reinterpret_cast<uint32_t*>(stage + k_tile * Shape::kKTileBytes + (w % 2) * kWgXCoreBytes) = words[w];
+    for (int i = 0; i < kXLoads; ++i) {
+      if (!has_combo(i)) continue;
+      const uint32_t word[4] = {words[i].x, words[i].y, words[i].z, words[i].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // elements 8 (c & 1) + 2w, + 1 of lane tt's 16: k-tile + w / 2, half w % 2
+        *reinterpret_cast<uint32_t*>(stage + x_store[i] + (w / 2) * Shape::kKTileBytes + (w % 2) * kWgXCoreBytes) =
+            word[w];
       }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, made visible to wgmma's reads
   };
-  if (threadIdx.x % 128 == 0) mbarrier_init(x_full, 128), mbarrier_init(x_full + kMbarrierBytes, 128);
-  if (count > 0) load_x(first_s);
+  const auto next_turn = [&](int s) { return s + 1 == turns ? 0 : s + 1; };
+  if (threadIdx.x % (32 * Shape::kTeamWarps) == 0) {
+#pragma unroll
+    for (int slot = 0; slot < Shape::kXSlots; ++slot) {
+      mbarrier_init(x_full + kMbarrierBytes * slot, 32 * Shape::kTeamWarps);
+    }
+  }
+  // the first kXAhead turns' x, requested before the barrier
+  uint4 x_first[Shape::kXAhead][kXLoads];
+  int x_s = first_s;  // then the turn of the x stage stored next
+#pragma unroll
+  for (int a = 0; a < Shape::kXAhead; ++a) {
+    if (a < count) load_x(x_s, x_first[a]);
+    x_s = next_turn(x_s);
+  }
   __syncthreads();  // the table and the barriers
-  // Fewer turns than warpgroups (not under wg_gemv_applies' rule, whose layers all have more turns than warpgroups:
-  // kept so that the kernel stays right for any launch): an empty slot 0, which add_tile_parts_kernel adds.
+  // Fewer turns than teams (not under wg_gemv_applies' rule, whose layers all have more turns than warpgroups: kept
+  // so that the kernel stays right for any launch): an empty slot 0, which add_tile_parts_kernel adds.
   if (count <= 0) {
-    for (int i = threadIdx.x % 128; i < x_rows * kWgTileRows; i += 128) {
-      partial[group_id * 2 * x_rows * kWgTileRows + i] = 0.0f;
+    for (int i = threadIdx.x % (32 * Shape::kTeamWarps); i < x_rows * Shape::kTeamRows; i += 32 * Shape::kTeamWarps) {
+      partial[team_id * 2 * x_rows * Shape::kTeamRows + i] = 0.0f;
     }
     return;
   }
-  store_x(0);
-  mbarrier_arrive(x_full);
+#pragma unroll
+  for (int a = 0; a < Shape::kXAhead; ++a) {
+    if (a < count) store_x(a, x_first[a]), mbarrier_arrive(x_full + kMbarrierBytes * a);
+  }
 
   // k-tile (u, j)'s descriptor is the ring's plus the k-tile's offset in 16-byte units: the address field (bits 0-13)
   // holds shared-window addresses >> 4 up to 256 KB, so an offset inside the ring carries into no other field.
@@ -993,37 +1060,37 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   int s = first_s;
   int part_begin = s;
   float acc[kAcc] = {};
-  // Adds the warp's sums for its part of `tile` to the output: directly when the part is the whole tile, else
-  // into the group's slot for the tile (0: its first tile, 1: its last).
+  // Adds the warp's sums for its part of team tile `tile` to the output: directly when the part is the whole tile,
+  // else into the team's slot for the tile (0: its first tile, 1: its last).
   const auto flush = [&](bool whole) {
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) {
       const int m = 8 * (i / 4) + 2 * t + i % 2;  // wgmma's accumulator i: W row g + 8 ((i / 2) % 2), x row m
-      const int r = kTcMmaRows * warp_in_group + g + 8 * ((i / 2) % 2);
-      const int64_t n = tile * kWgTileRows + r;
+      const int r = kWgTileRows * group_in_team + kTcMmaRows * warp_in_group + g + 8 * ((i / 2) % 2);
+      const int64_t n = tile * Shape::kTeamRows + r;
       const float value = acc[i];
       acc[i] = 0.0f;
       if (m >= x_rows || n >= rows) continue;
       if (whole) {
         out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
       } else {
-        const int64_t slot = group_id * 2 + (tile == first_tile ? 0 : 1);
-        partial[(slot * x_rows + m) * kWgTileRows + r] = value;
+        const int64_t slot = team_id * 2 + (tile == first_tile ? 0 : 1);
+        partial[(slot * x_rows + m) * Shape::kTeamRows + r] = value;
       }
     }
   };
 
   for (int64_t q = 0; q < count; ++q) {
-    const int slot = static_cast<int>(q & 1);
-    const bool more = q + 1 < count;
+    const int slot = static_cast<int>(q) & (Shape::kXSlots - 1);
+    const uint32_t x_phase = static_cast<uint32_t>(static_cast<uint64_t>(q) / Shape::kXSlots) & 1;
+    const bool more = q + 1 < count, x_more = q + Shape::kXAhead < count;
     if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1);
     copy_async_commit();
-    const int next_s = s + 1 == turns ? 0 : s + 1;
-    if (more) load_x(next_s);
+    if (x_more) load_x(x_s, x_words);
     copy_async_wait<kTcStages - 1>();
     __syncwarp();
     const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * Tile16::kStageBytes;
-    const int64_t rows_start = (4 * tile + warp_in_group) * Tile16::kRows * cols;
+    const int64_t rows_start = warp_tile16(tile) * Tile16::kRows * cols;
     float scale_lo[kTcTurnSteps], scale_hi[kTcTurnSteps];
     turn_scales<kNested>(stage + Tile16::kStageWeightBytes + g * kTcRowScaleBytes, rows_start + g * cols, s,
                          blocksize_log2, blocks, nested, scale_lo);
@@ -1047,8 +1114,8 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
         lo = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g, u + 1, t));
         hi = *reinterpret_cast<const uint2*>(stage + stage_weight_offset(g + 8, u + 1, t));
       }
-      // the turn's x stage: stored by the whole group (turn q's is the (q / 2)th phase of its barrier)
-      if (u == 0) mbarrier_wait_parity(x_full + kMbarrierBytes * slot, static_cast<uint32_t>(q >> 1) & 1);
+      // the turn's x stage: stored by the whole team (turn q's is the (q / kXSlots)th phase of its barrier)
+      if (u == 0) mbarrier_wait_parity(x_full + kMbarrierBytes * slot, x_phase);
       asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -1064,11 +1131,15 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     add_step(kTcTurnSteps - 1);
     if (s + 1 == turns || !more) flush(part_begin == 0 && s + 1 == turns);
     if (s + 1 == turns) ++tile, part_begin = 0;
-    s = next_s;
+    s = next_turn(s);
     __syncwarp();  // the W stage is read before it is refilled
-    // The x stage refilled here was last read by the previous turn's wgmmas, which every thread of the group waited
-    // for (wait_group 0) before it arrived on this turn's barrier, which this thread waited on.
-    if (more) store_x(slot ^ 1), mbarrier_arrive(x_full + kMbarrierBytes * (slot ^ 1));
+    // The x stage refilled here (turn q + kXAhead's) was last read by turn q - kXAhead's wgmmas, which every thread of
+    // the team waited for (wait_group 0) before it arrived on this turn's barrier, which this thread waited on.
+    if (x_more) {
+      const int x_slot = static_cast<int>(q + Shape::kXAhead) & (Shape::kXSlots - 1);
+      store_x(x_slot, x_words), mbarrier_arrive(x_full + kMbarrierBytes * x_slot);
+      x_s = next_turn(x_s);
+    }
   }
 #else
   wait_for_previous_kernels();
@@ -1583,15 +1654,19 @@ int64_t peak_memory_GBps() {
   });
 }
 
-// Launches add_tile_parts_kernel: a CTA per tile, a thread per output of the tile.
+// Launches add_tile_parts_kernel: a CTA per tile (or per kAddPartsMaxThreads of a tile's outputs, along y), a thread
+// per output of the tile.
 template <typename T>
 void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int tile_rows, int64_t rows, int64_t x_rows,
                            const T* bias, T* out, cudaStream_t stream) {
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-  const int64_t threads = (x_rows * tile_rows + 31) / 32 * 32;
-  TORCH_INTERNAL_ASSERT(threads <= kAddPartsMaxThreads && tiles <= std::numeric_limits<int32_t>::max());
-  launch_kernel(add_tile_parts_kernel<T>, dim3(static_cast<unsigned>(tiles)), static_cast<int>(threads), 0, stream, 1,
-                partial, warps, turns, tile_rows, rows, int(x_rows), bias, out);
+  const int64_t outputs = x_rows * tile_rows;  // per tile
+  const int64_t threads = std::min<int64_t>(kAddPartsMaxThreads, (outputs + 31) / 32 * 32);
+  const int64_t pieces = (outputs + threads - 1) / threads;
+  TORCH_INTERNAL_ASSERT(tiles <= std::numeric_limits<int32_t>::max() && pieces <= 65535);
+  launch_kernel(add_tile_parts_kernel<T>, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(pieces)),
+                static_cast<int>(threads), 0, stream, 1, partial, warps, turns, tile_rows, rows, int(x_rows), bias,
+                out);
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
@@ -1737,8 +1812,8 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 }
 
 // One launch of wg_gemv_kernel (wgmma's N: 8 for up to 8 rows of x, else 16), then add_tile_parts_kernel for the
-// tiles that several warpgroups shared. The grid has at most one CTA per kWgGroups * kTcMinTurnsPerWarp turns (on
-// layers with fewer turns than resident warpgroups x kTcMinTurnsPerWarp, warpgroups get about that many).
+// team tiles that several teams shared. The grid has at most one CTA per kTeams * kTcMinTurnsPerWarp team turns (on
+// layers with fewer turns than resident teams x kTcMinTurnsPerWarp, teams get about that many).
 template <typename T>
 void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
@@ -1748,17 +1823,19 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     constexpr bool kNested = decltype(nested_constant)::value;
     const int64_t resident =
         int64_t{prepare_wg_kernel<T, kN, kNested>()} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    using Shape = WgShape<kN>;
     const int turns = static_cast<int>(cols / kTcTurn);
-    const int64_t total = (rows + kWgTileRows - 1) / kWgTileRows * turns;
-    const int64_t grid = stream_k_grid(total, kWgGroups, resident);
-    const int64_t groups = grid * kWgGroups;
-    at::Tensor partial = at::empty({tc_partial_floats(groups, x_rows, kWgTileRows)}, like.options().dtype(at::kFloat));
+    const int64_t total = (rows + Shape::kTeamRows - 1) / Shape::kTeamRows * turns;
+    const int64_t grid = stream_k_grid(total, Shape::kTeams, resident);
+    const int64_t teams = grid * Shape::kTeams;
+    at::Tensor partial = at::empty({tc_partial_floats(teams, x_rows, Shape::kTeamRows)},
+                                   like.options().dtype(at::kFloat));
     float* partial_data = partial.mutable_data_ptr<float>();
     launch_kernel(wg_gemv_kernel<T, kN, kNested>, dim3(static_cast<unsigned>(grid)), kWgWarps * 32,
                   WgShape<kN>::kSharedBytes, stream, 1, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows,
                   cols, int(x_rows), bias, out, partial_data);
     if (turns > 1) {  // with one turn per tile no tile is shared
-      launch_add_tile_parts<T>(partial_data, groups, turns, kWgTileRows, rows, x_rows, bias, out, stream);
+      launch_add_tile_parts<T>(partial_data, teams, turns, Shape::kTeamRows, rows, x_rows, bias, out, stream);
     }
   };
   const auto with_nested = [&](auto n_constant) {

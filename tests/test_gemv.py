@@ -240,10 +240,12 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-# Weights for the warpgroup kernel (64-row tiles, stream-K over warpgroups, 3 per CTA; every one has more 16-row tiles
+# Weights for the warpgroup kernel (64-row tiles, 3 warpgroups per CTA, stream-K over teams: a warpgroup at up to 8
+# rows of x, the CTA's three on three adjacent tiles at 9-16, csrc/gemv.cu WgShape; every one has more 16-row tiles
 # than an H100 or H200 has SMs, or more turns per tile than one CTA's 16 warps take, so none takes one CTA per tile):
-# one tile of 40 rows (a warp's 16 rows wholly past W's end, another's half) shared by every warpgroup, 67 turns;
-# 401 tiles of 2 turns (about half the warpgroups take a tile whole and write it straight out; the last tile 40 rows);
+# one tile of 40 rows (a warp's 16 rows wholly past W's end, another's half; at 9-16 rows two of the team's tiles
+# wholly past it) shared by every team, 67 turns;
+# 401 tiles of 2 turns (about half the teams take a team tile whole and write it straight out; the last tile 40 rows);
 # 151 tiles of 21 turns (runs cross tiles; absmax blocks of 256, one per turn; the last tile 16 rows);
 # blocks of 512 that span rows (K = 4352: 17 turns);
 # 301 tiles of one turn (K = 256: no tile is shared, so no adding kernel runs).
