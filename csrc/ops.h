@@ -181,11 +181,13 @@ constexpr GemvRowRange kWarpgroupXRows[] = {
 //    (the down layers 2-4% faster there); Llama's gate/up and down (112 MiB) -6% to +10% (gate/up +10% at 4 rows,
 //    +3% at 12-16). At 5-7 rows (row 109): the gate/up layers +3 / +5% at 5, +1 / +3% at 6, -4 / -1% at 7, the down
 //    layers 6-12% faster (a model runs gate and up, two calls, for each down). So up to 48 MiB 4-16 rows, from 48 MiB
-//    7-16, from 100 MiB none.
+//    7-16, from 100 MiB none. Since the CTA's warpgroups share x at 9-16 rows (rows 115-115c), Llama's gate/up and
+//    down at 9 / 12 / 16 rows (row 116): 6-11% / 9-17% faster (down 16 rows 54.4 us against 65.2), so from 100 MiB
+//    9-16 (1-8 rows, whose kernel did not change, stay on the tensor-core kernel).
 constexpr GemvRowRange kWarpgroupXRowsFastMemory[] = {
     {0, 4, 16},
     {48, 7, 16},
-    {100, 1, 0},
+    {100, 9, 16},
 };
 
 // The entry of a table by size (GemvRowLimit, GemvRowRange) for a W of rows x cols: the last entry whose

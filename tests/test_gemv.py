@@ -139,7 +139,7 @@ def row_limit(limits, shape: tuple[int, int]) -> int:
 # sm_90a code on an sm_90 GPU.
 WARPGROUP_MIN_X_ROWS = 4
 WARPGROUP_X_ROWS = [(0, 4, 16)]
-WARPGROUP_X_ROWS_FAST_MEMORY = [(0, 4, 16), (48, 7, 16), (100, 1, 0)]
+WARPGROUP_X_ROWS_FAST_MEMORY = [(0, 4, 16), (48, 7, 16), (100, 9, 16)]
 
 
 def warpgroup_kernel_on() -> bool:
@@ -466,7 +466,8 @@ def test_gemv_x_rows_limit_by_size(packed_mib):
 
 # csrc/ops.h kWarpgroupXRows and kWarpgroupXRowsFastMemory, at each of their sizes: fp16 / bf16 x of 4-16 rows on
 # weights just below and at each range's size (K = 8192: more 16-row tiles than SMs) take the warpgroup kernel where
-# this GPU's range has those rows, else the tensor-core kernel; 6 and 7 rows straddle the H200's start from 48 MiB.
+# this GPU's range has those rows, else the tensor-core kernel; 6 and 7 rows straddle the H200's start from 48 MiB, 8
+# and 9 its start from 100 MiB.
 WARPGROUP_SIZES_MIB = sorted({entry[0] + d for entry in WARPGROUP_X_ROWS + WARPGROUP_X_ROWS_FAST_MEMORY
                               for d in (-1, 0) if entry[0] > 0})  # fmt: skip
 
@@ -478,7 +479,7 @@ def test_gemv_warpgroup_rows_by_size(packed_mib):
     assert shape[0] * shape[1] // 2 // 2**20 == packed_mib
     quantized = bnb_quantize(shape, "nf4", 64, False, device="cuda" if bnb_cuda_works() else "cpu")
     packed, args = quantized.packed.cuda(), nf4_ops.quant_state_args(state_on(quantized, "cuda"))
-    for rows in (4, 6, 7, 8, 16):
+    for rows in (4, 6, 7, 8, 9, 16):
         x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             out = torch.ops.nf4.gemv(x, packed, **args)
