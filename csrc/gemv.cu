@@ -738,22 +738,23 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 constexpr int kAddPartsBatch = 8;
 constexpr int kAddPartsMaxThreads = 1024;  // a tile's x_rows x tile_rows outputs (up to 16 x 192) take 1 to 3 CTAs
 
-// For every tile that more than one warp shared, one CTA (tile blockIdx.x) with a thread per output ([x row][tile
-// row], so consecutive threads write consecutive W rows): out = the warps' slots (first_sharer_slot) added in warp
-// order (+ bias). Tiles one warp took whole were written by the kernel that wrote the parts (tc_gemv_kernel,
-// wg_gemv_kernel), and their CTAs do nothing. Each CTA works out its tile's sharers once, before the wait (it
-// overlaps the previous kernel's end), where a thread per output over the whole grid (rows 64-104) spent ~5 64-bit
-// divisions an output on it (NOTES gemv row 105). add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
+// For every tile that more than one worker (a warp of tc_gemv_kernel, a team of wg_gemv_kernel) shared, one CTA
+// (tile blockIdx.x) per kAddPartsMaxThreads of its outputs (blockIdx.y), with a thread per output ([x row][tile row],
+// so consecutive threads write consecutive W rows): out = the workers' slots (first_sharer_slot) added in worker
+// order (+ bias). Tiles one worker took whole were written by the kernel that wrote the parts, and their CTAs do
+// nothing. Each CTA works out its tile's sharers once, before the wait (it overlaps the previous kernel's end), where
+// a thread per output over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on it (NOTES gemv row
+// 105). add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
 // way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
 template <typename T>
 __global__ void __launch_bounds__(kAddPartsMaxThreads)
-    add_tile_parts_kernel(const float* __restrict__ partial, int64_t warps, int turns, int tile_rows, int64_t rows,
+    add_tile_parts_kernel(const float* __restrict__ partial, int64_t workers, int turns, int tile_rows, int64_t rows,
                           int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
   let_next_kernel_start();
   const int64_t tile = blockIdx.x;
   const int64_t total = (rows + tile_rows - 1) / tile_rows * turns;
-  const int64_t first_slot = first_sharer_slot(tile * turns, warps, total);
-  const int64_t w_first = first_slot / 2, w_last = warp_of_turn((tile + 1) * turns - 1, warps, total);
+  const int64_t first_slot = first_sharer_slot(tile * turns, workers, total);
+  const int64_t w_first = first_slot / 2, w_last = warp_of_turn((tile + 1) * turns - 1, workers, total);
   const int i = blockIdx.y * blockDim.x + threadIdx.x;  // the output's index in the tile's [x row][tile row]
   const int m = i / tile_rows, r = i % tile_rows;
   const int64_t n = tile * tile_rows + r;
@@ -772,7 +773,7 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
       parts[b] = j0 + b < later_count ? later[(j0 + b) * 2 * slot_floats] : -0.0f;
     }
 #pragma unroll
-    for (int b = 0; b < kAddPartsBatch; ++b) sum += parts[b];  // in warp order; -0.0 adds nothing, even to -0.0
+    for (int b = 0; b < kAddPartsBatch; ++b) sum += parts[b];  // in worker order; -0.0 adds nothing, even to -0.0
   }
   out[m * rows + n] = from_float<T>(bias != nullptr ? sum + bias_n : sum);
 }
@@ -931,8 +932,8 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   extern __shared__ __align__(128) uint8_t wg_shared[];
   uint8_t* lut = wg_shared;
   float* code2 = reinterpret_cast<float*>(wg_shared + kCodePairTableBytes);
-  // a uniform warp index: the warp's and group's shared-memory addresses, the table's base and wgmma's descriptors
-  // built from them live in uniform registers (NOTES gemv row 103)
+  // a uniform warp index: the warp's ring and its team's x ring and barriers in shared memory, the table's base and
+  // wgmma's descriptors built from them live in uniform registers (NOTES gemv row 103)
   const int warp = warp_in_cta();
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int group = warp / 4, warp_in_group = warp % 4;  // the warp's rows of its group's tile: 16 x warp_in_group
@@ -980,26 +981,26 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   // x: for combo c of a stage (Shape::kXCombos; the team's warp w takes c = c_first + kXStride i, i < kXLoads) lane
   // (rn, tt) = (lane / 4, lane % 4) loads 16 bytes of x row 8 (c >> 3) + rn, step (c >> 1) & 3, elements 16 tt +
   // 8 (c & 1) .. + 7, and stores its 4 words where wg_x_offset puts them: each store instruction fills the 32 (rn, tt)
-  // word slots of a core matrix row pair, so no two lanes share a bank. In a run (kXRun: kXLoads divides 8) a lane's
-  // loads all read one x row, at steps step(c_first) + i / 2 (no carry past step 3): one address and one stage offset
-  // serve them all, the rest constant offsets from those (NOTES gemv row 112). Lanes of rows past x's last read row 0
-  // instead: an x row feeds only its own column of wgmma's sums, and the flush and add_tile_parts_kernel drop those
-  // columns.
+  // word slots of a core matrix row pair, so no two lanes share a bank. Where the combos share out evenly (kXRun), a
+  // warp's run of kXLoads (which divides 8) all read one x row, at steps step(c_first) + i / 2 (no carry past step 3):
+  // one address and one stage offset serve them all, the rest constant offsets from those (NOTES gemv row 112).
+  // Lanes of rows past x's last read row 0 instead: an x row feeds only its own column of wgmma's sums, and the flush
+  // and add_tile_parts_kernel drop those columns.
   constexpr int kXLoads = Shape::kXLoads, kXStride = Shape::kXRun ? 1 : Shape::kTeamWarps;
   const int c_first = Shape::kXRun ? kXLoads * warp_in_team : warp_in_team;
   const auto has_combo = [&](int i) { return Shape::kXRun || c_first + kXStride * i < Shape::kXCombos; };  // uniform
   const int rn = lane / 4, tt = lane % 4;
   const T* x_lane[kXLoads];   // load i's address at turn 0
-  uint32_t x_store[kXLoads];  // and its first word's offset in a stage
+  uint32_t x_stage_offset[kXLoads];  // and its first word's offset in a stage
 #pragma unroll
   for (int i = 0; i < kXLoads; ++i) {
     if (Shape::kXRun && i > 0) {
       x_lane[i] = x_lane[0] + (i / 2) * kTcStep + 8 * (i % 2);
-      x_store[i] = x_store[0] + (4 * (i / 2) + 2 * (i % 2)) * Shape::kKTileBytes;
+      x_stage_offset[i] = x_stage_offset[0] + (4 * (i / 2) + 2 * (i % 2)) * Shape::kKTileBytes;
     } else {
       const int c = c_first + kXStride * i, x_row = 8 * (c >> 3) + rn, step = (c >> 1) & 3, half = c & 1;
       x_lane[i] = x + int64_t{x_row < x_rows ? x_row : 0} * cols + step * kTcStep + 16 * tt + 8 * half;
-      x_store[i] = wg_x_offset<kN>(step, 2 * half, x_row, 0, tt);
+      x_stage_offset[i] = wg_x_offset<kN>(step, 2 * half, x_row, 0, tt);
     }
   }
   uint4 x_words[kXLoads];
@@ -1014,11 +1015,11 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
 #pragma unroll
     for (int i = 0; i < kXLoads; ++i) {
       if (!has_combo(i)) continue;
-      const uint32_t word[4] = {words[i].x, words[i].y, words[i].z, words[i].w};
+      const uint32_t lane_words[4] = {words[i].x, words[i].y, words[i].z, words[i].w};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {  // elements 8 (c & 1) + 2w, + 1 of lane tt's 16: k-tile + w / 2, half w % 2
-        *reinterpret_cast<uint32_t*>(stage + x_store[i] + (w / 2) * Shape::kKTileBytes + (w % 2) * kWgXCoreBytes) =
-            word[w];
+        const int offset = (w / 2) * Shape::kKTileBytes + (w % 2) * kWgXCoreBytes;
+        *reinterpret_cast<uint32_t*>(stage + x_stage_offset[i] + offset) = lane_words[w];
       }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, made visible to wgmma's reads
@@ -1039,8 +1040,9 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     x_s = next_turn(x_s);
   }
   __syncthreads();  // the table and the barriers
-  // Fewer turns than teams (not under wg_gemv_applies' rule, whose layers all have more turns than warpgroups: kept
-  // so that the kernel stays right for any launch): an empty slot 0, which add_tile_parts_kernel adds.
+  // No turns for this team (fewer team turns than teams: not under wg_gemv_applies' rule, whose layers all have more
+  // turns than warpgroups; kept so that the kernel stays right for any launch): an empty slot 0, which
+  // add_tile_parts_kernel adds.
   if (count <= 0) {
     for (int i = threadIdx.x % (32 * Shape::kTeamWarps); i < x_rows * Shape::kTeamRows; i += 32 * Shape::kTeamWarps) {
       partial[team_id * 2 * x_rows * Shape::kTeamRows + i] = 0.0f;
@@ -1074,8 +1076,8 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
       if (whole) {
         out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
       } else {
-        const int64_t slot = team_id * 2 + (tile == first_tile ? 0 : 1);
-        partial[(slot * x_rows + m) * Shape::kTeamRows + r] = value;
+        const int64_t part_slot = team_id * 2 + (tile == first_tile ? 0 : 1);
+        partial[(part_slot * x_rows + m) * Shape::kTeamRows + r] = value;
       }
     }
   };
@@ -1657,15 +1659,15 @@ int64_t peak_memory_GBps() {
 // Launches add_tile_parts_kernel: a CTA per tile (or per kAddPartsMaxThreads of a tile's outputs, along y), a thread
 // per output of the tile.
 template <typename T>
-void launch_add_tile_parts(const float* partial, int64_t warps, int turns, int tile_rows, int64_t rows, int64_t x_rows,
-                           const T* bias, T* out, cudaStream_t stream) {
+void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int tile_rows, int64_t rows,
+                           int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t outputs = x_rows * tile_rows;  // per tile
   const int64_t threads = std::min<int64_t>(kAddPartsMaxThreads, (outputs + 31) / 32 * 32);
   const int64_t pieces = (outputs + threads - 1) / threads;
   TORCH_INTERNAL_ASSERT(tiles <= std::numeric_limits<int32_t>::max() && pieces <= 65535);
   launch_kernel(add_tile_parts_kernel<T>, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(pieces)),
-                static_cast<int>(threads), 0, stream, 1, partial, warps, turns, tile_rows, rows, int(x_rows), bias,
+                static_cast<int>(threads), 0, stream, 1, partial, workers, turns, tile_rows, rows, int(x_rows), bias,
                 out);
 }
 
@@ -1757,7 +1759,7 @@ void launch_one_row_gemv(const T* x, const uint8_t* packed, const BlockScales& s
   }
 }
 
-// The CTAs of a stream-K launch of `total` turns whose CTAs split their turns over `workers` (warps, or warpgroups):
+// The CTAs of a stream-K launch of `total` turns whose CTAs split their turns over `workers` (warps, or teams):
 // as many as are resident at once, but no more than give each worker kTcMinTurnsPerWarp turns.
 int64_t stream_k_grid(int64_t total, int workers, int64_t resident_ctas) {
   return std::min(resident_ctas, (total + workers * kTcMinTurnsPerWarp - 1) / (workers * kTcMinTurnsPerWarp));
@@ -1800,7 +1802,7 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
   const cudaDeviceProp* props = at::cuda::getCurrentDeviceProperties();
   if (!allowed || props->major != 9 || props->minor != 0 || !wg_kernel_runs_here() || x_rows < kWgMinXRows ||
       !warpgroup_gemv_takes_x_rows(x_rows, rows, cols, peak_memory_GBps()) ||
-      props->sharedMemPerBlockOptin < size_t{WgShape<16>::kSharedBytes}) {
+      props->sharedMemPerBlockOptin < size_t{std::max(WgShape<8>::kSharedBytes, WgShape<16>::kSharedBytes)}) {
     return false;
   }
   const int64_t tc_resident = int64_t{prepare_tc_kernel<T, 1, 1, false, false>()} * props->multiProcessorCount;
