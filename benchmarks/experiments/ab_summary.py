@@ -15,6 +15,7 @@ for line in open(sys.argv[1]):
 for (layer, rows), by_label in times.items():
     reference = "base" if "base" in by_label else "tree"
     base = sum(by_label[reference]) / len(by_label[reference])
-    print(f"{layer:22s} M{rows:3s} {reference} {base:6.1f} " + " ".join(
+    column = f"M{rows}" if rows.isdigit() else rows  # rows of x, or a dequantize variant
+    print(f"{layer:22s} {column:11s} {reference} {base:6.1f} " + " ".join(
         f"{label} {sum(v) / len(v):6.1f} ({sum(v) / len(v) / base - 1:+.0%})"
         for label, v in by_label.items() if label != reference))

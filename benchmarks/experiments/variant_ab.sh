@@ -9,6 +9,9 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NAMES=${NAMES:-${NAME:-lastadd}}  # one variant or several, space-separated, each built and timed against the tree
 TESTS=${TESTS:-warpgroup or determin or back_to_back or bias or graph or compile}
+TEST_FILES=${TEST_FILES:-tests/test_gemv.py tests/test_torch_integration.py}
+# the timing script: few_rows_times.py (gemv at ROWS) or dequant_times.py (dequantize variants), both per LAYERS
+TIMES_SCRIPT=${TIMES_SCRIPT:-benchmarks/experiments/few_rows_times.py}
 root=$PWD; start=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 jobs=$(( $(nproc) / ($(echo $NAMES | wc -w) + 1) ))
@@ -21,8 +24,8 @@ done
 TORCH_CUDA_ARCH_LIST=9.0a MAX_JOBS=$jobs python3 setup.py build_ext --inplace > /tmp/b.log 2>&1 || tail -30 /tmp/b.log
 wait; echo "built $((SECONDS-start)) s"
 for name in $NAMES; do
-  (cd /tmp/$name && PYTHONPATH=$root/.gpu/site:/tmp/$name timeout 200 python3 -m pytest tests/test_gemv.py \
-    tests/test_torch_integration.py -q -p no:cacheprovider -k "$TESTS" 2>&1 |
+  (cd /tmp/$name && PYTHONPATH=$root/.gpu/site:/tmp/$name timeout 200 python3 -m pytest $TEST_FILES \
+    -q -p no:cacheprovider -k "$TESTS" 2>&1 |
     grep -E "^FAILED|^E  |passed|failed|Error" | head -20 | sed "s/^/$name: /" | tee -a $OUT/checks.txt)
   echo "tests $name $((SECONDS-start)) s"
 done
@@ -30,7 +33,7 @@ for pass in 1 2; do
   for label in tree $NAMES; do
     dir=$root; [ $label != tree ] && dir=/tmp/$label
     (cd $dir && PYTHONPATH=$root/.gpu/site:$dir ROWS=${ROWS:-4,8,16} LAYERS=${LAYERS:-} timeout 150 \
-      python3 $root/benchmarks/experiments/few_rows_times.py $OUT/times.jsonl $label 2>&1 | grep -v Warn | tail -16)
+      python3 $root/$TIMES_SCRIPT $OUT/times.jsonl $label 2>&1 | grep -v Warn | tail -16)
     echo "$label $((SECONDS-start)) s"
   done
 done
