@@ -736,15 +736,30 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 // How many sharers' parts a thread of add_tile_parts_kernel loads before it adds them: a tile of s sharers costs
 // about ceil(s / kAddPartsBatch) trips to L2 (Gemma's q at 16 rows on the warpgroup kernel has ~7 sharers a tile).
 constexpr int kAddPartsBatch = 8;
-constexpr int kAddPartsMaxThreads = 1024;  // a tile's x_rows x tile_rows outputs (up to 16 x 192) take 1 to 3 CTAs
+constexpr int kAddPartsMaxThreads = 1024;
+// Consecutive outputs (tile rows of one x row) per thread of add_tile_parts_kernel, each sharer's parts of them one
+// vector load and the outputs one vector store. 2 against 1 (the kernel before): -1 to -5% a call at 4 rows, -2 to -8%
+// at 16 rows on an H100; 4 gained as much on the gate/up layers but lost 1-9% on the q/o layers at 4-8 rows, whose
+// tiles then had too few warps (NOTES gemv rows 121-121b). A tile's rows (16, 32, 64, 192) are a multiple of it.
+#ifndef NF4_ADD_PARTS_OUTPUTS  // build-time knob for tuning runs
+#define NF4_ADD_PARTS_OUTPUTS 2
+#endif
+constexpr int kAddPartsOutputs = NF4_ADD_PARTS_OUTPUTS;
+struct alignas(4 * kAddPartsOutputs) PartVector {
+  float v[kAddPartsOutputs];
+};
+template <typename T>
+struct alignas(sizeof(T) * kAddPartsOutputs) OutVector {
+  T v[kAddPartsOutputs];
+};
 
 // For every tile that more than one worker (a warp of tc_gemv_kernel, a team of wg_gemv_kernel) shared, one CTA
-// (tile blockIdx.x) per kAddPartsMaxThreads of its outputs (blockIdx.y), with a thread per output ([x row][tile row],
-// so consecutive threads write consecutive W rows): out = the workers' slots (first_sharer_slot) added in worker
-// order (+ bias). Tiles one worker took whole were written by the kernel that wrote the parts, and their CTAs do
-// nothing. Each CTA works out its tile's sharers once, before the wait (it overlaps the previous kernel's end), where
-// a thread per output over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on it (NOTES gemv row
-// 105). add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
+// (tile blockIdx.x) per kAddPartsMaxThreads threads of it (blockIdx.y), with a thread per kAddPartsOutputs outputs
+// ([x row][tile row], so consecutive threads write consecutive W rows): out = the workers' slots (first_sharer_slot)
+// added in worker order (+ bias). Tiles one worker took whole were written by the kernel that wrote the parts, and
+// their CTAs do nothing. One thread of each CTA works out its tile's sharers, before the wait, where a thread per
+// output over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on it (NOTES gemv row 105), and then
+// every warp of the CTA (row 121). add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
 // way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
 template <typename T>
 __global__ void __launch_bounds__(kAddPartsMaxThreads)
@@ -752,30 +767,63 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
                           int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
   let_next_kernel_start();
   const int64_t tile = blockIdx.x;
-  const int64_t total = (rows + tile_rows - 1) / tile_rows * turns;
-  const int64_t first_slot = first_sharer_slot(tile * turns, workers, total);
-  const int64_t w_first = first_slot / 2, w_last = warp_of_turn((tile + 1) * turns - 1, workers, total);
-  const int i = blockIdx.y * blockDim.x + threadIdx.x;  // the output's index in the tile's [x row][tile row]
+  // The tile's sharers, worked out by one thread (their divisions take 30-100 instructions each: 1-3% of a 16-row
+  // warpgroup call when each of up to 32 warps did them, NOTES gemv row 121).
+  __shared__ int64_t tile_sharers[2];  // the first sharer's slot, the last sharer
+  if (threadIdx.x == 0) {
+    const int64_t total = (rows + tile_rows - 1) / tile_rows * turns;
+    tile_sharers[0] = first_sharer_slot(tile * turns, workers, total);
+    tile_sharers[1] = warp_of_turn((tile + 1) * turns - 1, workers, total);
+  }
+  // the thread's first output's index in the tile's [x row][tile row]: kAddPartsOutputs consecutive tile rows of one
+  // x row (tile_rows is a multiple of it)
+  const int i = (blockIdx.y * blockDim.x + threadIdx.x) * kAddPartsOutputs;
   const int m = i / tile_rows, r = i % tile_rows;
   const int64_t n = tile * tile_rows + r;
+  __syncthreads();
+  const int64_t first_slot = tile_sharers[0];
+  const int64_t w_first = first_slot / 2, w_last = tile_sharers[1];
   wait_for_previous_kernels();
   if (w_first == w_last || m >= x_rows || n >= rows) return;
-  const int64_t slot_floats = int64_t{x_rows} * tile_rows;
-  const float* part = partial + i;                              // + slot index x slot_floats
-  const float* later = part + (w_first + 1) * 2 * slot_floats;  // the later sharers' slot 0, 2 x slot_floats apart
+  const int64_t slot_vectors = int64_t{x_rows} * tile_rows / kAddPartsOutputs;
+  const PartVector* part = reinterpret_cast<const PartVector*>(partial + i);  // + slot index x slot_vectors
+  const PartVector* later = part + (w_first + 1) * 2 * slot_vectors;          // the later sharers' slot 0, 2 apart
   const int later_count = static_cast<int>(w_last - w_first);
-  const float bias_n = bias != nullptr ? to_float(bias[n]) : 0.0f;  // loaded with the first batch
-  float sum = part[first_slot * slot_floats];
+  float bias_n[kAddPartsOutputs];  // loaded with the first batch
+#pragma unroll
+  for (int k = 0; k < kAddPartsOutputs; ++k) bias_n[k] = bias != nullptr && n + k < rows ? to_float(bias[n + k]) : 0.0f;
+  PartVector sum = part[first_slot * slot_vectors];
   for (int j0 = 0; j0 < later_count; j0 += kAddPartsBatch) {
-    float parts[kAddPartsBatch];
+    PartVector parts[kAddPartsBatch];
 #pragma unroll
     for (int b = 0; b < kAddPartsBatch; ++b) {
-      parts[b] = j0 + b < later_count ? later[(j0 + b) * 2 * slot_floats] : -0.0f;
+      if (j0 + b < later_count) {
+        parts[b] = later[(j0 + b) * 2 * slot_vectors];
+      } else {
+#pragma unroll
+        for (int k = 0; k < kAddPartsOutputs; ++k) parts[b].v[k] = -0.0f;
+      }
     }
 #pragma unroll
-    for (int b = 0; b < kAddPartsBatch; ++b) sum += parts[b];  // in worker order; -0.0 adds nothing, even to -0.0
+    for (int b = 0; b < kAddPartsBatch; ++b) {  // in worker order; -0.0 adds nothing, even to -0.0
+#pragma unroll
+      for (int k = 0; k < kAddPartsOutputs; ++k) sum.v[k] += parts[b].v[k];
+    }
   }
-  out[m * rows + n] = from_float<T>(bias != nullptr ? sum + bias_n : sum);
+  OutVector<T> values;
+#pragma unroll
+  for (int k = 0; k < kAddPartsOutputs; ++k) {
+    values.v[k] = from_float<T>(bias != nullptr ? sum.v[k] + bias_n[k] : sum.v[k]);
+  }
+  T* const dst = out + m * rows + n;
+  if (n + kAddPartsOutputs <= rows && reinterpret_cast<uintptr_t>(dst) % sizeof(OutVector<T>) == 0) {
+    *reinterpret_cast<OutVector<T>*>(dst) = values;  // one store (rows even, as on every paper layer)
+  } else {
+#pragma unroll
+    for (int k = 0; k < kAddPartsOutputs; ++k) {
+      if (n + k < rows) dst[k] = values.v[k];
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1656,15 +1704,16 @@ int64_t peak_memory_GBps() {
   });
 }
 
-// Launches add_tile_parts_kernel: a CTA per tile (or per kAddPartsMaxThreads of a tile's outputs, along y), a thread
-// per output of the tile.
+// Launches add_tile_parts_kernel: a CTA per tile (or per kAddPartsMaxThreads threads of a tile, along y), a thread
+// per kAddPartsOutputs outputs of the tile.
 template <typename T>
 void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int tile_rows, int64_t rows,
                            int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT(tile_rows % kAddPartsOutputs == 0);
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-  const int64_t outputs = x_rows * tile_rows;  // per tile
-  const int64_t threads = std::min<int64_t>(kAddPartsMaxThreads, (outputs + 31) / 32 * 32);
-  const int64_t pieces = (outputs + threads - 1) / threads;
+  const int64_t vectors = x_rows * tile_rows / kAddPartsOutputs;  // per tile, a thread each
+  const int64_t threads = std::min<int64_t>(kAddPartsMaxThreads, (vectors + 31) / 32 * 32);
+  const int64_t pieces = (vectors + threads - 1) / threads;
   TORCH_INTERNAL_ASSERT(tiles <= std::numeric_limits<int32_t>::max() && pieces <= 65535);
   launch_kernel(add_tile_parts_kernel<T>, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(pieces)),
                 static_cast<int>(threads), 0, stream, 1, partial, workers, turns, tile_rows, rows, int(x_rows), bias,

@@ -105,6 +105,9 @@ TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel run
     "k_slices": ((40, 256 * 67), 64, True),
     "cta_per_tile": ((16 * 60 + 8, 256 * 21), 64, False),
     "few_turns": ((40, 1024), 128, False),
+    # an odd N: the adding kernel's outputs of an x row past the first start at odd places (no vector store), and the
+    # last tile's last row is a pair's first (csrc/gemv.cu, kAddPartsOutputs)
+    "odd_rows": ((16 * 700 + 5, 256 * 9), 512, True),
 }
 
 
@@ -248,13 +251,15 @@ def test_gemv_wide_tiles(whole_tiles, nested, rows):
 # 401 tiles of 2 turns (about half the teams take a team tile whole and write it straight out; the last tile 40 rows);
 # 151 tiles of 21 turns (runs cross tiles; absmax blocks of 256, one per turn; the last tile 16 rows);
 # blocks of 512 that span rows (K = 4352: 17 turns);
-# 301 tiles of one turn (K = 256: no tile is shared, so no adding kernel runs).
+# 301 tiles of one turn (K = 256: no tile is shared, so no adding kernel runs);
+# an odd N (the adding kernel's outputs of x rows past the first at odd places; the last row a pair's first).
 WARPGROUP_SHAPES = {  # name: (shape, blocksize)
     "shared_tile": ((40, 256 * 67), 64),
     "whole_tiles": ((64 * 400 + 40, 256 * 2), 128),
     "crossing_runs": ((64 * 150 + 16, 256 * 21), 256),
     "blocks_span_rows": ((64 * 40 + 8, 256 * 17), 512),
     "one_turn": ((64 * 300 + 8, 256), 64),
+    "odd_rows": ((64 * 150 + 13, 256 * 5), 64),
 }
 
 
