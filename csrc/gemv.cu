@@ -757,9 +757,9 @@ struct alignas(sizeof(T) * kAddPartsOutputs) OutVector {
 // (tile blockIdx.x) per kAddPartsMaxThreads threads of it (blockIdx.y), with a thread per kAddPartsOutputs outputs
 // ([x row][tile row], so consecutive threads write consecutive W rows): out = the workers' slots (first_sharer_slot)
 // added in worker order (+ bias). Tiles one worker took whole were written by the kernel that wrote the parts, and
-// their CTAs do nothing. One thread of each CTA works out its tile's sharers, before the wait, where a thread per
-// output over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on it (NOTES gemv row 105), and then
-// every warp of the CTA (row 121). add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
+// their CTAs do nothing. One thread of each CTA works out its tile's sharers, before the wait: a thread per output
+// over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on them (NOTES gemv row 105), and until row
+// 121 every warp of the CTA worked them out for itself. add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
 // way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
 template <typename T>
 __global__ void __launch_bounds__(kAddPartsMaxThreads)

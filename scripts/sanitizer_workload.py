@@ -55,12 +55,14 @@ def main():
     # several CTAs' warps plus the kernel that adds their parts (40 x 17152: 67 turns per tile; on an H100 or H200 at
     # 5-16 rows the warpgroup kernel, which also takes 25640 x 512: about half the tiles taken whole, the rest
     # shared), few turns per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last
-    # nested block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end; the
-    # CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32, misaligned).
+    # nested block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end, an
+    # odd N whose shared tiles' sums the adding kernel writes two at a time (9613 x 1280: outputs of odd x rows at odd
+    # places, scalar stores; the last row a pair's first); the CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32,
+    # misaligned).
     cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 4352, 256, False, False),
              (40, 17152, 64, True, False), (64 * 400 + 40, 512, 128, False, False),
              (40, 1024, 128, True, False), (24, 1280, 512, False, False), (40, 1280, 4096, True, False),
-             (64, 320, 64, False, False),
+             (64, 320, 64, False, False), (64 * 150 + 13, 1280, 64, True, False),
              (33, 77, 32, True, False), (48, 1088, 4096, True, True), (7, 40, 128, False, True)]  # fmt: skip
     for n, k, blocksize, nested, misalign in cases:
         packed, args = random_weight(n, k, blocksize, nested, misalign=misalign)
