@@ -736,7 +736,7 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 // How many sharers' parts a thread of add_tile_parts_kernel loads before it adds them: a tile of s sharers costs
 // about ceil(s / kAddPartsBatch) trips to L2 (Gemma's q at 16 rows on the warpgroup kernel has ~7 sharers a tile).
 constexpr int kAddPartsBatch = 8;
-constexpr int kAddPartsMaxThreads = 1024;
+constexpr int kAddPartsMaxThreads = 1024;  // per CTA (a 16-row team tile takes 2; 128 was faster on Gemma's q/o, row 122)
 // Consecutive outputs (tile rows of one x row) per thread of add_tile_parts_kernel, each sharer's parts of them one
 // vector load and the outputs one vector store. 2 against 1 (the kernel before): -1 to -5% a call at 4 rows, -2 to -8%
 // at 16 rows on an H100; 4 gained as much on the gate/up layers but lost 1-9% on the q/o layers at 4-8 rows, whose
@@ -745,11 +745,9 @@ constexpr int kAddPartsMaxThreads = 1024;
 #define NF4_ADD_PARTS_OUTPUTS 2
 #endif
 constexpr int kAddPartsOutputs = NF4_ADD_PARTS_OUTPUTS;
-struct alignas(4 * kAddPartsOutputs) PartVector {
-  float v[kAddPartsOutputs];
-};
+// A thread's kAddPartsOutputs values, one vector load or store: a sharer's fp32 parts, or the T outputs.
 template <typename T>
-struct alignas(sizeof(T) * kAddPartsOutputs) OutVector {
+struct alignas(sizeof(T) * kAddPartsOutputs) AddPartsVector {
   T v[kAddPartsOutputs];
 };
 
@@ -786,6 +784,7 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
   wait_for_previous_kernels();
   if (w_first == w_last || m >= x_rows || n >= rows) return;
   const int64_t slot_vectors = int64_t{x_rows} * tile_rows / kAddPartsOutputs;
+  using PartVector = AddPartsVector<float>;
   const PartVector* part = reinterpret_cast<const PartVector*>(partial + i);  // + slot index x slot_vectors
   const PartVector* later = part + (w_first + 1) * 2 * slot_vectors;          // the later sharers' slot 0, 2 apart
   const int later_count = static_cast<int>(w_last - w_first);
@@ -810,14 +809,14 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
       for (int k = 0; k < kAddPartsOutputs; ++k) sum.v[k] += parts[b].v[k];
     }
   }
-  OutVector<T> values;
+  AddPartsVector<T> values;
 #pragma unroll
   for (int k = 0; k < kAddPartsOutputs; ++k) {
     values.v[k] = from_float<T>(bias != nullptr ? sum.v[k] + bias_n[k] : sum.v[k]);
   }
   T* const dst = out + m * rows + n;
-  if (n + kAddPartsOutputs <= rows && reinterpret_cast<uintptr_t>(dst) % sizeof(OutVector<T>) == 0) {
-    *reinterpret_cast<OutVector<T>*>(dst) = values;  // one store (rows even, as on every paper layer)
+  if (n + kAddPartsOutputs <= rows && reinterpret_cast<uintptr_t>(dst) % sizeof(values) == 0) {
+    *reinterpret_cast<AddPartsVector<T>*>(dst) = values;  // one store (rows even, as on every paper layer)
   } else {
 #pragma unroll
     for (int k = 0; k < kAddPartsOutputs; ++k) {
