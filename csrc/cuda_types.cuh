@@ -58,6 +58,19 @@ __device__ __forceinline__ void let_next_kernel_start() {
 #endif
 }
 
+// Pins `value` as computed at this point: the compiler may otherwise move index arithmetic past a following
+// wait_for_previous_kernels() (both are volatile asm, which keep their order), onto the path after the wait
+// (NOTES gemv row 123). 32- or 64-bit integers.
+template <typename Int>
+__device__ __forceinline__ void computed_here(Int& value) {
+  static_assert(sizeof(Int) == 4 || sizeof(Int) == 8, "computed_here: a 32- or 64-bit integer");
+  if constexpr (sizeof(Int) == 4) {
+    asm volatile("" : "+r"(value));
+  } else {
+    asm volatile("" : "+l"(value));
+  }
+}
+
 // Asks L2 for the 128-byte line holding `address`, loading nothing into registers or L1. Allowed before
 // wait_for_previous_kernels(): every SM's writes land in L2, so a line fetched early still takes the previous
 // kernel's writes, and the kernel reads it only after the wait. A tuning build may leave these prefetches out

@@ -736,7 +736,17 @@ bool tc_cta_per_tile(int64_t tiles, int turns, int64_t resident_ctas) {
 // How many sharers' parts a thread of add_tile_parts_kernel loads before it adds them: a tile of s sharers costs
 // about ceil(s / kAddPartsBatch) trips to L2 (Gemma's q at 16 rows on the warpgroup kernel has ~7 sharers a tile).
 constexpr int kAddPartsBatch = 8;
-constexpr int kAddPartsMaxThreads = 1024;  // per CTA (a 16-row team tile takes 2; 128 was faster on Gemma's q/o, row 122)
+// Threads per CTA of add_tile_parts_kernel: at most 1024 (a CTA per piece of a tile), or 128 where its grid is sized
+// to be resident while the parts' writer runs (launch_add_tile_parts): CTAs of 128 threads and 32 registers (4 K) fit
+// beside a 16-row warpgroup CTA (384 threads of ~140 registers), 1024-thread ones do not (NOTES gemv rows 122-123d).
+constexpr int kAddPartsMaxThreads = 1024;
+constexpr int kAddPartsResidentThreads = 128;
+// Tiles a CTA of such a resident grid may take one after another (each is a few serial trips to L2: at 3-4 a CTA
+// the gate/up layers lost 1-4% against a grid dispatched after the writer's drain, at ~1.3 the q/o layers gained).
+#ifndef NF4_ADD_PARTS_MAX_TILES  // build-time knob for tuning runs
+#define NF4_ADD_PARTS_MAX_TILES 2
+#endif
+constexpr int kAddPartsMaxTiles = NF4_ADD_PARTS_MAX_TILES;
 // Consecutive outputs (tile rows of one x row) per thread of add_tile_parts_kernel, each sharer's parts of them one
 // vector load and the outputs one vector store. 2 against 1 (the kernel before): -1 to -5% a call at 4 rows, -2 to -8%
 // at 16 rows on an H100; 4 gained as much on the gate/up layers but lost 1-9% on the q/o layers at 4-8 rows, whose
@@ -751,42 +761,16 @@ struct alignas(sizeof(T) * kAddPartsOutputs) AddPartsVector {
   T v[kAddPartsOutputs];
 };
 
-// For every tile that more than one worker (a warp of tc_gemv_kernel, a team of wg_gemv_kernel) shared, one CTA
-// (tile blockIdx.x) per kAddPartsMaxThreads threads of it (blockIdx.y), with a thread per kAddPartsOutputs outputs
-// ([x row][tile row], so consecutive threads write consecutive W rows): out = the workers' slots (first_sharer_slot)
-// added in worker order (+ bias). Tiles one worker took whole were written by the kernel that wrote the parts, and
-// their CTAs do nothing. One thread of each CTA works out its tile's sharers, before the wait: a thread per output
-// over the whole grid (rows 64-104) spent ~5 64-bit divisions an output on them (NOTES gemv row 105), and until row
-// 121 every warp of the CTA worked them out for itself. add_run_parts_kernel (gemv_many_rows.cu) adds its parts the same
-// way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
+// One thread's kAddPartsOutputs outputs of a shared tile, at `dst` (W rows n.. of an x row): the parts at `part`
+// (the thread's place in a slot; slots slot_vectors vectors apart) of sharers w_first (slot first_slot) to w_last
+// (slot 0 of each later one, 2 apart) added in worker order, + bias.
 template <typename T>
-__global__ void __launch_bounds__(kAddPartsMaxThreads)
-    add_tile_parts_kernel(const float* __restrict__ partial, int64_t workers, int turns, int tile_rows, int64_t rows,
-                          int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
-  let_next_kernel_start();
-  const int64_t tile = blockIdx.x;
-  // The tile's sharers, worked out by one thread (their divisions take 30-100 instructions each: 1-3% of a 16-row
-  // warpgroup call when each of up to 32 warps did them, NOTES gemv row 121).
-  __shared__ int64_t tile_sharers[2];  // the first sharer's slot, the last sharer
-  if (threadIdx.x == 0) {
-    const int64_t total = (rows + tile_rows - 1) / tile_rows * turns;
-    tile_sharers[0] = first_sharer_slot(tile * turns, workers, total);
-    tile_sharers[1] = warp_of_turn((tile + 1) * turns - 1, workers, total);
-  }
-  // the thread's first output's index in the tile's [x row][tile row]: kAddPartsOutputs consecutive tile rows of one
-  // x row (tile_rows is a multiple of it)
-  const int i = (blockIdx.y * blockDim.x + threadIdx.x) * kAddPartsOutputs;
-  const int m = i / tile_rows, r = i % tile_rows;
-  const int64_t n = tile * tile_rows + r;
-  __syncthreads();
-  const int64_t first_slot = tile_sharers[0];
-  const int64_t w_first = first_slot / 2, w_last = tile_sharers[1];
-  wait_for_previous_kernels();
-  if (w_first == w_last || m >= x_rows || n >= rows) return;
-  const int64_t slot_vectors = int64_t{x_rows} * tile_rows / kAddPartsOutputs;
+__device__ __forceinline__ void add_sharers_parts(const float* __restrict__ partial_at, int64_t slot_vectors,
+                                                  int64_t first_slot, int64_t w_first, int64_t w_last, int64_t n,
+                                                  int64_t rows, const T* __restrict__ bias, T* dst) {
   using PartVector = AddPartsVector<float>;
-  const PartVector* part = reinterpret_cast<const PartVector*>(partial + i);  // + slot index x slot_vectors
-  const PartVector* later = part + (w_first + 1) * 2 * slot_vectors;          // the later sharers' slot 0, 2 apart
+  const PartVector* part = reinterpret_cast<const PartVector*>(partial_at);
+  const PartVector* later = part + (w_first + 1) * 2 * slot_vectors;  // the later sharers' slot 0, 2 apart
   const int later_count = static_cast<int>(w_last - w_first);
   float bias_n[kAddPartsOutputs];  // loaded with the first batch
 #pragma unroll
@@ -814,13 +798,61 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
   for (int k = 0; k < kAddPartsOutputs; ++k) {
     values.v[k] = from_float<T>(bias != nullptr ? sum.v[k] + bias_n[k] : sum.v[k]);
   }
-  T* const dst = out + m * rows + n;
   if (n + kAddPartsOutputs <= rows && reinterpret_cast<uintptr_t>(dst) % sizeof(values) == 0) {
     *reinterpret_cast<AddPartsVector<T>*>(dst) = values;  // one store (rows even, as on every paper layer)
   } else {
 #pragma unroll
     for (int k = 0; k < kAddPartsOutputs; ++k) {
       if (n + k < rows) dst[k] = values.v[k];
+    }
+  }
+}
+
+// For every tile that more than one worker (a warp of tc_gemv_kernel, a team of wg_gemv_kernel) shared: out = the
+// workers' slots (first_sharer_slot) added in worker order (+ bias), a thread per kAddPartsOutputs outputs ([x row]
+// [tile row], so consecutive threads write consecutive W rows). A tile is gridDim.y CTAs' work (pieces of blockDim.x
+// threads, piece blockIdx.y); CTA (b, piece) takes tile b, then every gridDim.x tiles on, at most kTiles (1: a CTA per
+// tile; kAddPartsMaxTiles: a grid sized to be resident beside the parts' writer, launch_add_tile_parts). Tiles one worker
+// took whole were written by the kernel that wrote the parts, and their CTAs do nothing. The index work is done
+// before the wait: a thread a tile works out its sharers (a thread per output over the whole grid, rows 64-104, spent
+// ~5 64-bit divisions an output on them, NOTES gemv row 105; until row 121 every warp of the CTA did them for
+// itself), and a thread's place in its tiles is one division. add_run_parts_kernel (gemv_many_rows.cu) adds its parts
+// the same way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
+template <typename T, int kTiles>
+__global__ void __launch_bounds__(kAddPartsMaxThreads)
+    add_tile_parts_kernel(const float* __restrict__ partial, int64_t workers, int turns, int tile_rows, int64_t rows,
+                          int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
+  let_next_kernel_start();
+  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
+  __shared__ int64_t tile_sharers[kTiles][2];  // a tile's first sharer's slot, its last sharer
+  if (threadIdx.x < kTiles && blockIdx.x + int64_t{threadIdx.x} * gridDim.x < tiles) {
+    const int64_t tile = blockIdx.x + int64_t{threadIdx.x} * gridDim.x;
+    tile_sharers[threadIdx.x][0] = first_sharer_slot(tile * turns, workers, tiles * turns);
+    tile_sharers[threadIdx.x][1] = warp_of_turn((tile + 1) * turns - 1, workers, tiles * turns);
+  }
+  // the thread's first output's index in a tile's [x row][tile row]: kAddPartsOutputs consecutive tile rows of one
+  // x row (tile_rows is a multiple of it)
+  int i = (blockIdx.y * blockDim.x + threadIdx.x) * kAddPartsOutputs;
+  const int m = i / tile_rows, r = i % tile_rows;
+  int64_t n = int64_t{blockIdx.x} * tile_rows + r;  // the thread's first output's W row in the CTA's first tile
+  int64_t out_offset = int64_t{m} * rows + n;
+  // the index work kept here, before the wait (the compiler moved it after: NOTES gemv row 123b)
+  computed_here(i), computed_here(n), computed_here(out_offset);
+  const int64_t slot_vectors = int64_t{x_rows} * tile_rows / kAddPartsOutputs;
+  __syncthreads();
+  int64_t first_slot = tile_sharers[0][0], last_sharer = tile_sharers[0][1];  // the CTA's first tile's
+  wait_for_previous_kernels();
+  if (m >= x_rows) return;
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    if (j > 0) {  // the CTA's next tile, gridDim.x tiles on
+      if (blockIdx.x + int64_t{j} * gridDim.x >= tiles) return;
+      n += int64_t{gridDim.x} * tile_rows, out_offset += int64_t{gridDim.x} * tile_rows;
+      first_slot = tile_sharers[j][0], last_sharer = tile_sharers[j][1];
+    }
+    const int64_t w_first = first_slot / 2;
+    if (w_first != last_sharer && n < rows) {
+      add_sharers_parts(partial + i, slot_vectors, first_slot, w_first, last_sharer, n, rows, bias, out + out_offset);
     }
   }
 }
@@ -1704,20 +1736,59 @@ int64_t peak_memory_GBps() {
   });
 }
 
-// Launches add_tile_parts_kernel: a CTA per tile (or per kAddPartsMaxThreads threads of a tile, along y), a thread
-// per kAddPartsOutputs outputs of the tile.
+// Launches add_tile_parts_kernel for the parts that `writer_grid` CTAs of footprint `writer` wrote, a thread per
+// kAddPartsOutputs outputs of a tile, a tile's pieces along the grid's y. With a programmatic launch its CTAs may
+// start while the writer runs, work out their sharers and wait there; its grid is then the first of these that is
+// resident beside the writer's CTAs (taken as spread one round at a time over the SMs), so that none of its CTAs is
+// dispatched only after the writer's drain (NOTES gemv rows 122-123d: 4-13% off 12-16 rows on the q/o layers): a
+// CTA per tile's piece of up to kAddPartsMaxThreads threads; of kAddPartsResidentThreads; of kAddPartsResidentThreads
+// taking up to kAddPartsMaxTiles tiles each. Where none is, the first (its CTAs are then dispatched as the writer's
+// leave).
 template <typename T>
 void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int tile_rows, int64_t rows,
-                           int64_t x_rows, const T* bias, T* out, cudaStream_t stream) {
+                           int64_t x_rows, const T* bias, T* out, const CtaFootprint& writer, int64_t writer_grid,
+                           cudaStream_t stream) {
   TORCH_INTERNAL_ASSERT(tile_rows % kAddPartsOutputs == 0);
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t vectors = x_rows * tile_rows / kAddPartsOutputs;  // per tile, a thread each
-  const int64_t threads = std::min<int64_t>(kAddPartsMaxThreads, (vectors + 31) / 32 * 32);
-  const int64_t pieces = (vectors + threads - 1) / threads;
-  TORCH_INTERNAL_ASSERT(tiles <= std::numeric_limits<int32_t>::max() && pieces <= 65535);
-  launch_kernel(add_tile_parts_kernel<T>, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(pieces)),
-                static_cast<int>(threads), 0, stream, 1, partial, workers, turns, tile_rows, rows, int(x_rows), bias,
-                out);
+  struct Grid {
+    int64_t threads, pieces, tiles_across;  // a CTA's threads, a tile's CTAs (y), CTAs along x
+  };
+  const auto grid_of = [&](int64_t most_threads, int64_t tiles_per_cta) {
+    const int64_t threads = std::min<int64_t>(most_threads, (vectors + 31) / 32 * 32);
+    return Grid{threads, (vectors + threads - 1) / threads, (tiles + tiles_per_cta - 1) / tiles_per_cta};
+  };
+  const Grid choices[] = {grid_of(kAddPartsMaxThreads, 1), grid_of(kAddPartsResidentThreads, 1),
+                          grid_of(kAddPartsResidentThreads, kAddPartsMaxTiles)};
+  Grid grid = choices[0];
+  if (programmatic_launch_enabled(add_tile_parts_kernel<T, 1>)) {
+    const cudaDeviceProp& device = *at::cuda::getCurrentDeviceProperties();
+    const int64_t sms = device.multiProcessorCount;
+    const int64_t round = writer_grid / sms, busier = writer_grid % sms;  // busier SMs have one writer CTA more
+    static std::atomic<int64_t> one_tile[64] = {}, several_tiles[64] = {};  // the instances' attributes
+    for (const Grid& choice : choices) {
+      const CtaFootprint adder =
+          choice.tiles_across < tiles
+              ? cta_footprint(several_tiles, add_tile_parts_kernel<T, kAddPartsMaxTiles>, choice.threads, 0)
+              : cta_footprint(one_tile, add_tile_parts_kernel<T, 1>, choice.threads, 0);
+      const int64_t resident = busier * ctas_fitting_beside(device, writer, round + 1, adder) +
+                               (sms - busier) * ctas_fitting_beside(device, writer, round, adder);
+      if (choice.tiles_across * choice.pieces <= resident) {
+        grid = choice;
+        break;
+      }
+    }
+  }
+  // every tile taken: CTA (b, piece) takes tiles b, b + tiles_across, ..., at most `most_tiles` (its kTiles)
+  const auto launch = [&](auto kernel, int64_t most_tiles) {
+    TORCH_INTERNAL_ASSERT(grid.tiles_across * most_tiles >= tiles &&
+                          grid.tiles_across <= std::numeric_limits<int32_t>::max() && grid.pieces <= 65535);
+    launch_kernel(kernel, dim3(static_cast<unsigned>(grid.tiles_across), static_cast<unsigned>(grid.pieces)),
+                  static_cast<int>(grid.threads), 0, stream, 1, partial, workers, turns, tile_rows, rows, int(x_rows),
+                  bias, out);
+  };
+  grid.tiles_across < tiles ? launch(add_tile_parts_kernel<T, kAddPartsMaxTiles>, kAddPartsMaxTiles)
+                            : launch(add_tile_parts_kernel<T, 1>, 1);
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
@@ -1886,7 +1957,11 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
                   WgShape<kN>::kSharedBytes, stream, 1, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows,
                   cols, int(x_rows), bias, out, partial_data);
     if (turns > 1) {  // with one turn per tile no tile is shared
-      launch_add_tile_parts<T>(partial_data, teams, turns, Shape::kTeamRows, rows, x_rows, bias, out, stream);
+      static std::atomic<int64_t> attributes[64] = {};
+      const CtaFootprint writer =
+          cta_footprint(attributes, wg_gemv_kernel<T, kN, kNested>, kWgWarps * 32, WgShape<kN>::kSharedBytes);
+      launch_add_tile_parts<T>(partial_data, teams, turns, Shape::kTeamRows, rows, x_rows, bias, out, writer, grid,
+                               stream);
     }
   };
   const auto with_nested = [&](auto n_constant) {
@@ -1941,7 +2016,12 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
       launch(std::false_type{});
     }
     if (!cta_per_tile && turns > 1) {  // with one turn per tile no tile is shared
-      launch_add_tile_parts<T>(partial_data, warps, turns, Tile::kRows, rows, x_rows, bias, out, stream);
+      using Cta = TcCta<kMTiles, kNTiles, false>;
+      static std::atomic<int64_t> attributes[64] = {};
+      const CtaFootprint writer = cta_footprint(attributes, tc_gemv_kernel<T, kMTiles, kNTiles, kNested, false>,
+                                                Cta::kWarps * 32, Cta::kSharedBytes);
+      launch_add_tile_parts<T>(partial_data, warps, turns, Tile::kRows, rows, x_rows, bias, out, writer, grid,
+                               stream);
     }
   };
   using One = std::integral_constant<int, 1>;

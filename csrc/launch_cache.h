@@ -5,6 +5,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -35,6 +36,44 @@ inline int prepare_kernel(std::atomic<int64_t> (&resident)[64], Kernel kernel, i
     TORCH_CHECK(ctas > 0, "nf4::gemv: a kernel does not fit on this GPU's SMs");
     return ctas;
   }));
+}
+
+// What one CTA of a kernel takes of an SM, for counting the CTAs of another kernel that fit beside it.
+struct CtaFootprint {
+  int warps = 0;
+  int registers = 0;     // per thread
+  int shared_bytes = 0;  // static and dynamic
+};
+
+// `kernel`'s footprint at `threads` threads and `dynamic_shared_bytes`; its attributes are read once per device
+// (`cache` is the kernel's own).
+template <typename Kernel>
+CtaFootprint cta_footprint(std::atomic<int64_t> (&cache)[64], Kernel kernel, int threads, int dynamic_shared_bytes) {
+  const int64_t attributes = once_per_device(cache, [&](int) -> int64_t {
+    cudaFuncAttributes read;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&read, reinterpret_cast<const void*>(kernel)));
+    return (int64_t{read.numRegs} << 32) | static_cast<int64_t>(read.sharedSizeBytes);  // numRegs >= 1: positive
+  });
+  return {(threads + 31) / 32, static_cast<int>(attributes >> 32),
+          static_cast<int>(attributes & 0xffffffff) + dynamic_shared_bytes};
+}
+
+// How many CTAs of footprint `guest` fit on one SM of `device` that runs `host_ctas` CTAs of footprint `host`:
+// registers go to warps in units of 256, and every CTA's shared memory has a reserved slice besides its own. (The
+// SM's split of shared memory and L1 is the host's, which may leave less than this counts: an estimate that only
+// decides how a grid is sized, never what it computes.)
+inline int64_t ctas_fitting_beside(const cudaDeviceProp& device, const CtaFootprint& host, int64_t host_ctas,
+                                   const CtaFootprint& guest) {
+  const auto warp_registers = [](int per_thread) { return int64_t{(per_thread * 32 + 255) / 256 * 256}; };
+  const int64_t reserved = static_cast<int64_t>(device.reservedSharedMemPerBlock);
+  const int64_t registers = device.regsPerMultiprocessor - host_ctas * host.warps * warp_registers(host.registers);
+  const int64_t threads = device.maxThreadsPerMultiProcessor - host_ctas * host.warps * 32;
+  const int64_t shared =
+      static_cast<int64_t>(device.sharedMemPerMultiprocessor) - host_ctas * (host.shared_bytes + reserved);
+  const int64_t slots = device.maxBlocksPerMultiProcessor - host_ctas;
+  const int64_t fitting = std::min({registers / (guest.warps * warp_registers(guest.registers)),
+                                    threads / (guest.warps * 32), shared / (guest.shared_bytes + reserved), slots});
+  return std::max<int64_t>(fitting, 0);
 }
 
 // Whether the environment sets `name` to exactly "0" (the switches that turn a path off, for comparisons and tests).

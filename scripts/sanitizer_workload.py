@@ -57,13 +57,15 @@ def main():
     # shared), few turns per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last
     # nested block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end, an
     # odd N whose shared tiles' sums the adding kernel writes two at a time (9613 x 1280: outputs of odd x rows at odd
-    # places, scalar stores; the last row a pair's first); the CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32,
-    # misaligned).
+    # places, scalar stores; the last row a pair's first), an adding grid resident beside the warpgroup grid whose
+    # CTAs take two tiles each (9616 x 5376 at 12-16 rows on an H100 or H200: csrc/gemv.cu launch_add_tile_parts);
+    # the CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32, misaligned).
     cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 4352, 256, False, False),
              (40, 17152, 64, True, False), (64 * 400 + 40, 512, 128, False, False),
              (40, 1024, 128, True, False), (24, 1280, 512, False, False), (40, 1280, 4096, True, False),
              (64, 320, 64, False, False), (64 * 150 + 13, 1280, 64, True, False),
-             (33, 77, 32, True, False), (48, 1088, 4096, True, True), (7, 40, 128, False, True)]  # fmt: skip
+             (64 * 150 + 16, 5376, 256, False, False), (33, 77, 32, True, False), (48, 1088, 4096, True, True),
+             (7, 40, 128, False, True)]  # fmt: skip
     for n, k, blocksize, nested, misalign in cases:
         packed, args = random_weight(n, k, blocksize, nested, misalign=misalign)
         for dtype in (torch.float16, torch.bfloat16, torch.float32):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -285,6 +287,52 @@ def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
     assert not any("tc_gemv_kernel" in name for name in names), names
     assert any("add_tile_parts_kernel" in name for name in names) == (shape[1] > 256), names
     assert_gemv_close(out, x, packed, args, bias)
+
+
+ADDING_MAX_TILES = 2  # csrc/gemv.cu kAddPartsMaxTiles: the tiles a CTA of a resident adding grid may take
+
+
+@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, sm_90a code and NF4_OPS_WGMMA not 0")
+@pytest.mark.parametrize("rows", [9, 16], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_gemv_adding_grid_beside_the_writer(rows, nested, tmp_path):
+    """With programmatic launch the adding kernel's grid is sized to be resident beside the warpgroup kernel's
+    (csrc/gemv.cu launch_add_tile_parts): 128-thread CTAs, at 16 rows of this shape each taking up to
+    ADDING_MAX_TILES tiles. It adds the same parts in the same order as the grid of a CTA per tile's piece that a
+    launch without it takes (NF4_OPS_PDL=0, in a child process: the switch is read once per process), so the output
+    has the same bits, and is right."""
+    shape, blocksize = WARPGROUP_SHAPES["crossing_runs"]  # 51 team tiles of 21 turns at 9-16 rows
+    packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
+    x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
+    bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        torch.cuda.synchronize()
+    assert_gemv_close(out, x, packed, args, bias)
+    trace = tmp_path / "trace.json"
+    profile.export_chrome_trace(str(trace))
+    adding = [e for e in json.loads(trace.read_text())["traceEvents"]
+              if e.get("cat") == "kernel" and "add_tile_parts_kernel" in e.get("name", "")]  # fmt: skip
+    assert len(adding) == 1, adding
+    tiles = -(-shape[0] // 192)  # team tiles of 3 x 64 W rows
+    grid, block = adding[0]["args"]["grid"], adding[0]["args"]["block"]
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # H100 SXM, H200: the sizes it was built on
+        # 9 rows: every tile's pieces at once; 16 rows: 12 pieces a tile, two tiles a CTA
+        assert block[0] == 128 and grid[0] == (tiles if rows == 9 else -(-tiles // ADDING_MAX_TILES)), adding[0]
+    child = f"""
+import os, sys, torch
+sys.path.insert(0, "tests")
+from test_gemv import weight_on, random_x
+packed, args = weight_on("cuda", {shape!r}, "nf4", {blocksize}, {nested})
+x = random_x(({rows}, {shape[1]}), torch.bfloat16, "cuda")
+bias = random_x(({shape[0]},), torch.bfloat16, "cuda", seed=5)
+torch.save(torch.ops.nf4.gemv(x, packed, bias=bias, **args).cpu(), {str(tmp_path / "no_pdl.pt")!r})
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", child], cwd=root, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NF4_OPS_PDL": "0"})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert torch.equal(out.cpu(), torch.load(tmp_path / "no_pdl.pt"))
 
 
 # The one-row kernel's tiling (csrc/gemv.cu: kOrRows, kOrMinStepsPerWarp, kOrWarps), which the shapes below are
