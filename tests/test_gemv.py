@@ -289,7 +289,50 @@ def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-ADDING_MAX_TILES = 2  # csrc/gemv.cu kAddPartsMaxTiles: the tiles a CTA of a resident adding grid may take
+# csrc/gemv.cu launch_add_tile_parts: the adding kernel's CTAs of a tile's piece of up to ADDING_MAX_THREADS threads,
+# or of ADDING_RESIDENT_THREADS taking up to ADDING_MAX_TILES tiles each, and a thread per ADDING_OUTPUTS outputs.
+ADDING_MAX_THREADS, ADDING_RESIDENT_THREADS, ADDING_MAX_TILES, ADDING_OUTPUTS = 1024, 128, 2, 2
+# Per SM on sm_80-sm_90 (not in torch's device properties): CTAs at most, and shared memory reserved for each CTA.
+MAX_CTAS_PER_SM, RESERVED_SHARED_BYTES_PER_CTA = 32, 1024
+
+
+def adding_grid_beside(writer: dict, adding: dict, tiles: int, tile_rows: int, rows: int) -> tuple[int, int, int]:
+    """The adding kernel's (grid x, grid y, block) that csrc/gemv.cu launch_add_tile_parts picks beside a writer's
+    grid (as the profiler's trace gives both kernels: grid, block, registers, shared memory): the first of its three
+    grids that fits on the SMs beside the writer's CTAs (launch_cache.h ctas_fitting_beside), else the first."""
+    device = torch.cuda.get_device_properties(0)
+    sms = device.multi_processor_count
+
+    def warp_registers(per_thread: int) -> int:
+        return -(-per_thread * 32 // 256) * 256
+
+    def fitting(writer_ctas: int, threads: int) -> int:
+        writer_warps = writer["block"][0] // 32
+        guest_warps = threads // 32
+        limits = [
+            (device.regs_per_multiprocessor - writer_ctas * writer_warps * warp_registers(writer["registers per thread"]))
+            // (guest_warps * warp_registers(adding["registers per thread"])),
+            (device.max_threads_per_multi_processor - writer_ctas * writer["block"][0]) // threads,
+            (device.shared_memory_per_multiprocessor
+             - writer_ctas * (writer["shared memory"] + RESERVED_SHARED_BYTES_PER_CTA))
+            // (adding["shared memory"] + RESERVED_SHARED_BYTES_PER_CTA),
+            MAX_CTAS_PER_SM - writer_ctas,
+        ]  # fmt: skip
+        return max(min(limits), 0)
+
+    vectors = rows * tile_rows // ADDING_OUTPUTS
+    writer_grid = writer["grid"][0]
+    choices = []
+    for most_threads, tiles_per_cta in ((ADDING_MAX_THREADS, 1), (ADDING_RESIDENT_THREADS, 1),
+                                        (ADDING_RESIDENT_THREADS, ADDING_MAX_TILES)):  # fmt: skip
+        threads = min(most_threads, -(-vectors // 32) * 32)
+        choices.append((-(-tiles // tiles_per_cta), -(-vectors // threads), threads))
+    for across, pieces, threads in choices:
+        resident = (writer_grid % sms) * fitting(writer_grid // sms + 1, threads) + (
+            sms - writer_grid % sms) * fitting(writer_grid // sms, threads)  # fmt: skip
+        if across * pieces <= resident:
+            return across, pieces, threads
+    return choices[0]
 
 
 @pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, sm_90a code and NF4_OPS_WGMMA not 0")
@@ -297,10 +340,10 @@ ADDING_MAX_TILES = 2  # csrc/gemv.cu kAddPartsMaxTiles: the tiles a CTA of a res
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 def test_gemv_adding_grid_beside_the_writer(rows, nested, tmp_path):
     """With programmatic launch the adding kernel's grid is sized to be resident beside the warpgroup kernel's
-    (csrc/gemv.cu launch_add_tile_parts): 128-thread CTAs, at 16 rows of this shape each taking up to
-    ADDING_MAX_TILES tiles. It adds the same parts in the same order as the grid of a CTA per tile's piece that a
-    launch without it takes (NF4_OPS_PDL=0, in a child process: the switch is read once per process), so the output
-    has the same bits, and is right."""
+    (csrc/gemv.cu launch_add_tile_parts; on an H100 or H200 this shape takes 128-thread CTAs, at 16 rows plain or 9
+    nested each taking two tiles). It adds the same parts in the same order as the grid of a CTA per tile's piece
+    that a launch without it takes (NF4_OPS_PDL=0, in a child process: the switch is read once per process), so the
+    output has the same bits, and is right."""
     shape, blocksize = WARPGROUP_SHAPES["crossing_runs"]  # 51 team tiles of 21 turns at 9-16 rows
     packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
@@ -311,14 +354,18 @@ def test_gemv_adding_grid_beside_the_writer(rows, nested, tmp_path):
     assert_gemv_close(out, x, packed, args, bias)
     trace = tmp_path / "trace.json"
     profile.export_chrome_trace(str(trace))
-    adding = [e for e in json.loads(trace.read_text())["traceEvents"]
-              if e.get("cat") == "kernel" and "add_tile_parts_kernel" in e.get("name", "")]  # fmt: skip
-    assert len(adding) == 1, adding
-    tiles = -(-shape[0] // 192)  # team tiles of 3 x 64 W rows
-    grid, block = adding[0]["args"]["grid"], adding[0]["args"]["block"]
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # H100 SXM, H200: the sizes it was built on
-        # 9 rows: every tile's pieces at once; 16 rows: 12 pieces a tile, two tiles a CTA
-        assert block[0] == 128 and grid[0] == (tiles if rows == 9 else -(-tiles // ADDING_MAX_TILES)), adding[0]
+    kernels = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    writer = [e["args"] for e in kernels if "wg_gemv_kernel" in e["name"]]
+    adding = [e for e in kernels if "add_tile_parts_kernel" in e["name"]]
+    assert len(writer) == 1 and len(adding) == 1, [e["name"] for e in kernels]
+    tile_rows = 192  # team tiles of 3 x 64 W rows at 9-16 rows
+    across, pieces, threads = adding_grid_beside(writer[0], adding[0]["args"], -(-shape[0] // tile_rows), tile_rows,
+                                                 rows)  # fmt: skip
+    got = adding[0]["args"]
+    assert (got["grid"][0], got["grid"][1], got["block"][0]) == (across, pieces, threads), adding[0]
+    # <T, kTiles>: the instance whose CTAs take several tiles where the grid has fewer CTAs along x than tiles
+    tiles_per_cta = int(re.search(r"add_tile_parts_kernel<[^,]+, (\d+)>", adding[0]["name"]).group(1))
+    assert tiles_per_cta == (ADDING_MAX_TILES if across * tile_rows < shape[0] else 1), adding[0]["name"]
     child = f"""
 import os, sys, torch
 sys.path.insert(0, "tests")
