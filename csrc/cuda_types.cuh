@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "nf4_core.h"
 
 namespace nf4 {
@@ -58,12 +60,15 @@ __device__ __forceinline__ void let_next_kernel_start() {
 #endif
 }
 
-// Pins `value` as computed at this point: the compiler may otherwise move index arithmetic past a following
-// wait_for_previous_kernels() (both are volatile asm, which keep their order), onto the path after the wait
-// (NOTES gemv row 123). 32- or 64-bit integers.
+// Orders `value`'s computation before what follows in the PTX (both this and wait_for_previous_kernels() are
+// volatile asm, which keep their order), where the front end had moved index arithmetic past the wait, onto the path
+// after it. ptxas may still sink part of it: in add_tile_parts_kernel 59-68 instructions remain between the wait
+// and the first load, against 77 without it and the old kernel's 54 (NOTES gemv rows 123b-123d). 32- or 64-bit
+// integers.
 template <typename Int>
 __device__ __forceinline__ void computed_here(Int& value) {
-  static_assert(sizeof(Int) == 4 || sizeof(Int) == 8, "computed_here: a 32- or 64-bit integer");
+  static_assert(std::is_integral_v<Int> && (sizeof(Int) == 4 || sizeof(Int) == 8),
+                "computed_here: a 32- or 64-bit integer");
   if constexpr (sizeof(Int) == 4) {
     asm volatile("" : "+r"(value));
   } else {

@@ -747,6 +747,8 @@ constexpr int kAddPartsResidentThreads = 128;
 #define NF4_ADD_PARTS_MAX_TILES 2
 #endif
 constexpr int kAddPartsMaxTiles = NF4_ADD_PARTS_MAX_TILES;
+// (its tiles' sharers are worked out by a thread each of a CTA of at least 32 threads)
+static_assert(kAddPartsMaxTiles >= 1 && kAddPartsMaxTiles <= 32, "NF4_ADD_PARTS_MAX_TILES: 1 to 32");
 // Consecutive outputs (tile rows of one x row) per thread of add_tile_parts_kernel, each sharer's parts of them one
 // vector load and the outputs one vector store. 2 against 1 (the kernel before): -1 to -5% a call at 4 rows, -2 to -8%
 // at 16 rows on an H100; 4 gained as much on the gate/up layers but lost 1-9% on the q/o layers at 4-8 rows, whose
@@ -761,7 +763,7 @@ struct alignas(sizeof(T) * kAddPartsOutputs) AddPartsVector {
   T v[kAddPartsOutputs];
 };
 
-// One thread's kAddPartsOutputs outputs of a shared tile, at `dst` (W rows n.. of an x row): the parts at `part`
+// One thread's kAddPartsOutputs outputs of a shared tile, at `dst` (W rows n.. of an x row): the parts at `partial_at`
 // (the thread's place in a slot; slots slot_vectors vectors apart) of sharers w_first (slot first_slot) to w_last
 // (slot 0 of each later one, 2 apart) added in worker order, + bias.
 template <typename T>
@@ -811,13 +813,15 @@ __device__ __forceinline__ void add_sharers_parts(const float* __restrict__ part
 // For every tile that more than one worker (a warp of tc_gemv_kernel, a team of wg_gemv_kernel) shared: out = the
 // workers' slots (first_sharer_slot) added in worker order (+ bias), a thread per kAddPartsOutputs outputs ([x row]
 // [tile row], so consecutive threads write consecutive W rows). A tile is gridDim.y CTAs' work (pieces of blockDim.x
-// threads, piece blockIdx.y); CTA (b, piece) takes tile b, then every gridDim.x tiles on, at most kTiles (1: a CTA per
-// tile; kAddPartsMaxTiles: a grid sized to be resident beside the parts' writer, launch_add_tile_parts). Tiles one worker
-// took whole were written by the kernel that wrote the parts, and their CTAs do nothing. The index work is done
-// before the wait: a thread a tile works out its sharers (a thread per output over the whole grid, rows 64-104, spent
-// ~5 64-bit divisions an output on them, NOTES gemv row 105; until row 121 every warp of the CTA did them for
-// itself), and a thread's place in its tiles is one division. add_run_parts_kernel (gemv_many_rows.cu) adds its parts
-// the same way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
+// threads, piece blockIdx.y); CTA (b, piece) takes tile b, then every gridDim.x tiles on, at most kTiles (1: a CTA
+// per tile; kAddPartsMaxTiles: a grid sized to be resident beside the parts' writer, launch_add_tile_parts). Tiles
+// one worker took whole were written by the kernel that wrote the parts, and their CTAs do nothing. The sharers are
+// worked out before the wait, a thread a tile (a thread per output over the whole grid, rows 64-104, spent ~5 64-bit
+// divisions an output on them, NOTES gemv row 105; until row 121 every warp of the CTA did them for itself); every
+// thread also divides rows by tile_rows once (the tile count; NOTES gemv rows 123d-123e: a suspect for the gate/up
+// layers' +0.5-1% at 12-16 rows, not confirmed, since the build that passed it in spilled elsewhere). Each of a tile's
+// sums is the same, in the same order, whatever the grid. add_run_parts_kernel (gemv_many_rows.cu) adds its parts the
+// same way; one helper for both compiled to a slower kernel here (0.3-1 us a call on an H200: NOTES gemv row 114).
 template <typename T, int kTiles>
 __global__ void __launch_bounds__(kAddPartsMaxThreads)
     add_tile_parts_kernel(const float* __restrict__ partial, int64_t workers, int turns, int tile_rows, int64_t rows,
@@ -836,7 +840,8 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
   const int m = i / tile_rows, r = i % tile_rows;
   int64_t n = int64_t{blockIdx.x} * tile_rows + r;  // the thread's first output's W row in the CTA's first tile
   int64_t out_offset = int64_t{m} * rows + n;
-  // the index work kept here, before the wait (the compiler moved it after: NOTES gemv row 123b)
+  // the index work ordered before the wait (the front end moved it after; ptxas still sinks part of it: NOTES gemv
+  // rows 123b-123d, cuda_types.cuh computed_here)
   computed_here(i), computed_here(n), computed_here(out_offset);
   const int64_t slot_vectors = int64_t{x_rows} * tile_rows / kAddPartsOutputs;
   __syncthreads();

@@ -340,10 +340,13 @@ def adding_grid_beside(writer: dict, adding: dict, tiles: int, tile_rows: int, r
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
 def test_gemv_adding_grid_beside_the_writer(rows, nested, tmp_path):
     """With programmatic launch the adding kernel's grid is sized to be resident beside the warpgroup kernel's
-    (csrc/gemv.cu launch_add_tile_parts; on an H100 or H200 this shape takes 128-thread CTAs, at 16 rows plain or 9
-    nested each taking two tiles). It adds the same parts in the same order as the grid of a CTA per tile's piece
-    that a launch without it takes (NF4_OPS_PDL=0, in a child process: the switch is read once per process), so the
-    output has the same bits, and is right."""
+    (csrc/gemv.cu launch_add_tile_parts; the grid it takes is worked out here by the same rule from the registers and
+    shared memory the profiler reports). On the H100 and H200 of 3e85a5f's suites: 9 rows plain 128-thread CTAs a tile
+    each, 9 nested and 16 plain 128-thread CTAs taking two tiles, 16 nested the grid of a CTA per tile's piece of 1024
+    threads (the nested instance's 3 more registers leave room for 2 adding CTAs an SM, not 3). Whatever the grid, it
+    adds the same parts in the same order as the grid that a launch without programmatic launch takes (NF4_OPS_PDL=0,
+    in a child process: the switch is read once per process), so the output has the same bits, and is right. (The rule
+    takes every grid's registers and shared memory from the instance that ran; both instances have the same today.)"""
     shape, blocksize = WARPGROUP_SHAPES["crossing_runs"]  # 51 team tiles of 21 turns at 9-16 rows
     packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
     x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
