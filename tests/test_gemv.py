@@ -172,12 +172,29 @@ def warpgroup_takes(shape, rows) -> bool:
     return WARPGROUP_MIN_X_ROWS <= rows <= 16 and min_rows <= rows <= max_rows
 
 
-def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
-    """The grid sizes (x) of the profiled launches of `kernel`, from the profiler's trace."""
+def kernel_events(profile, tmp_path, kernel: str) -> list[dict]:
+    """The profiler trace's events of the launches of `kernel` (name, and args: grid, block, registers, ...)."""
     trace = tmp_path / "trace.json"
     profile.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
-    return [e["args"]["grid"][0] for e in events if e.get("cat") == "kernel" and kernel in e.get("name", "")]
+    return [e for e in events if e.get("cat") == "kernel" and kernel in e.get("name", "")]
+
+
+def launched_grids(profile, tmp_path, kernel: str) -> list[int]:
+    """The grid sizes (x) of the profiled launches of `kernel`, from the profiler's trace."""
+    return [e["args"]["grid"][0] for e in kernel_events(profile, tmp_path, kernel)]
+
+
+def profiled_gemv_with_bias(shape, blocksize, nested, rows):
+    """One nf4::gemv call on CUDA (NF4 weight, bf16 x of `rows` rows, bf16 bias) under the profiler:
+    (out, x, packed, args, bias, profile)."""
+    packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
+    x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
+    bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        torch.cuda.synchronize()
+    return out, x, packed, args, bias, profile
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
@@ -188,12 +205,7 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     shape, blocksize, adds_parts = TENSOR_CORE_SHAPES[shape_name]
     if adds_parts and warpgroup_takes(shape, rows):
         pytest.skip("the warpgroup kernel takes this call here (test_gemv_warpgroup_kernel); NF4_OPS_WGMMA=0 tests it")
-    packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
-    x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
-    bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
-        torch.cuda.synchronize()
+    out, x, packed, args, bias, profile = profiled_gemv_with_bias(shape, blocksize, nested, rows)
     names = [event.name for event in profile.events()]
     assert sum("tc_gemv_kernel" in name for name in names) == 1, names
     assert any("add_tile_parts_kernel" in name for name in names) == adds_parts, names
@@ -348,16 +360,9 @@ def test_gemv_adding_grid_beside_the_writer(rows, nested, tmp_path):
     in a child process: the switch is read once per process), so the output has the same bits, and is right. (The rule
     takes every grid's registers and shared memory from the instance that ran; both instances have the same today.)"""
     shape, blocksize = WARPGROUP_SHAPES["crossing_runs"]  # 51 team tiles of 21 turns at 9-16 rows
-    packed, args = weight_on("cuda", shape, "nf4", blocksize, nested)
-    x = random_x((rows, shape[1]), torch.bfloat16, "cuda")
-    bias = random_x((shape[0],), torch.bfloat16, "cuda", seed=5)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
-        torch.cuda.synchronize()
+    out, x, packed, args, bias, profile = profiled_gemv_with_bias(shape, blocksize, nested, rows)
     assert_gemv_close(out, x, packed, args, bias)
-    trace = tmp_path / "trace.json"
-    profile.export_chrome_trace(str(trace))
-    kernels = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+    kernels = kernel_events(profile, tmp_path, "")
     writer = [e["args"] for e in kernels if "wg_gemv_kernel" in e["name"]]
     adding = [e for e in kernels if "add_tile_parts_kernel" in e["name"]]
     assert len(writer) == 1 and len(adding) == 1, [e["name"] for e in kernels]
