@@ -1,0 +1,52 @@
+# nf4::gemv and nf4::dequantize with plain and nested absmax on the paper layers (NF4, blocksize 64, bf16), the
+# harness's graph timing (16 calls per graph; dequantize writing a buffer per weight copy, NOTES dequantize row 6);
+# appends one JSON line {"label", "layer", "times"} per layer to argv[1], the format ab_summary.py reads, so
+# variant_ab.sh can A/B a change that touches both ops' start (TIMES_SCRIPT=benchmarks/experiments/nested_times.py).
+# CASES: comma-separated "gemv M<rows> plain|nested" / "dq plain|nested"; LAYERS as few_rows_times.py.
+import json
+import os
+import sys
+
+sys.path.insert(0, "benchmarks")
+import bitsandbytes.functional as bnbf
+import torch
+
+import bench_kernels as bk
+import nf4_ops
+
+bk.min_graph_calls = 16
+label = sys.argv[2]
+cases = os.environ.get("CASES", "gemv M1 nested,gemv M8 plain,gemv M16 plain,gemv M16 nested,dq plain,dq nested")
+cases = [case.split() for case in cases.split(",")]
+only_layers = [key for key in os.environ.get("LAYERS", "").split(",") if key]
+with open(sys.argv[1], "a") as log:
+    for layer in bk.PAPER_LAYERS:
+        if only_layers and f"{layer.model} {layer.name}" not in only_layers:
+            continue
+        weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
+        times = {}
+        for nested in (False, True):
+            mine = [case for case in cases if case[-1] == ("nested" if nested else "plain")]
+            if not mine:
+                continue
+            # enough copies that the gemv's bytes (the fewer) rotate past L2 too
+            count = bk.copies_for(bk.gemv_bytes(layer.n, layer.k, bk.BLOCKSIZE, 1))
+            quantized = [bnbf.quantize_4bit(weight, blocksize=bk.BLOCKSIZE, compress_statistics=nested,
+                                            quant_type="nf4") for _ in range(count)]
+            for case in mine:
+                if case[0] == "dq":
+                    inputs = [(p, s, torch.empty(layer.n, layer.k, device="cuda", dtype=torch.bfloat16))
+                              for p, s in quantized]
+                    run = lambda p, s, out: nf4_ops.dequantize(p, s, out=out)  # noqa: E731
+                else:
+                    x = torch.randn(int(case[1][1:]), layer.k, device="cuda", dtype=torch.bfloat16)
+                    inputs = quantized
+                    run = lambda p, s, x=x: nf4_ops.gemv(x, p, s)  # noqa: E731
+                bk.graph_median_us(run, inputs)  # warm-up (the first timing of a process reads slow: NOTES row 5)
+                times[" ".join(case)] = bk.graph_median_us(run, inputs)
+            del quantized
+        key = f"{layer.model} {layer.name}"
+        log.write(json.dumps({"label": label, "layer": key, "times": times}) + "\n")
+        print(f"{label:7s} {key:22s} " + " ".join(f"{c}: {t:6.2f}" for c, t in times.items()), flush=True)
+        del weight
+        torch.cuda.empty_cache()
