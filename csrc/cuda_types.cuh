@@ -87,6 +87,29 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
+// Asks L2 for block `block`'s scale: the line of its fp32 absmax, or with nested absmax the lines of its code byte
+// and of its state2.absmax value.
+__device__ __forceinline__ void prefetch_block_scale(const BlockScales& scales, int64_t block) {
+  if (!scales.nested()) {
+    prefetch_l2(scales.absmax + block);
+  } else {
+    prefetch_l2(scales.codes + block);
+    prefetch_l2(scales.absmax2 + (block >> scales.nested_blocksize_log2));
+  }
+}
+
+// Asks L2 for what every nested scale reads besides its own block's bytes: state2.code (256 floats, at most 9
+// lines) and the offset, lanes 0-8 of the calling warp a line of the map each and lane 9 the offset's. Nothing for
+// plain absmax.
+__device__ __forceinline__ void prefetch_nested_tables(const BlockScales& scales, int lane) {
+  if (!scales.nested()) return;
+  if (lane < 9) {
+    prefetch_l2(scales.code2 + (32 * lane < 256 ? 32 * lane : 255));
+  } else if (lane == 9) {
+    prefetch_l2(scales.offset);
+  }
+}
+
 // The thread's warp in its CTA, as one value per warp that the compiler can see is one: taken from lane 0 by a
 // shuffle, it lives in a uniform register, and so do the loop bounds and counters derived from it, which frees
 // vector registers and lets the compiler treat the warp's loops as convergent (no divergent-path copies of their

@@ -329,6 +329,18 @@ __device__ __forceinline__ void stage_turn(uint32_t stage, StageSource& src, int
   src.scale_element += kTcTurn;
 }
 
+// Asks L2 for what the first stage_turn of 16- or 32-row tile `tile` at turn `s` copies: lane r < kRows row r's
+// 128 bytes of the turn and, with kScales, the line of the turn's first scale (rows past W's end: nothing).
+template <int kRows, bool kScales>
+__device__ __forceinline__ void prefetch_first_turn(const uint8_t* packed, const BlockScales& scales, int64_t tile,
+                                                    int s, int lane, int64_t rows, int64_t cols, int blocksize_log2) {
+  const int64_t row = tile * kRows + lane;
+  if (lane < kRows && row < rows) {
+    prefetch_l2(packed + row * (cols / 2) + int64_t{s} * kTcRowTurnBytes);
+    if (kScales) prefetch_block_scale(scales, (row * cols + int64_t{s} * kTcTurn) >> blocksize_log2);
+  }
+}
+
 // What the nested scales are decoded with: state2.code in shared memory and the offset.
 struct NestedDecode {
   const float* code2;
@@ -620,8 +632,9 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   const int first_s = static_cast<int>(mine.first - first_tile * turns);
 #if NF4_PREFETCH_BEFORE_WAIT
   // While the previous kernel finishes, L2 is asked for the warp's first turn: lane r the 128 bytes of tile row r.
-  if (count > 0 && lane < Tile::kRows && first_tile * Tile::kRows + lane < rows) {
-    prefetch_l2(packed + (first_tile * Tile::kRows + lane) * (cols / 2) + int64_t{first_s} * kTcRowTurnBytes);
+  // (Their scales too made Llama's k/v 1-3% slower at 8-16 rows: NOTES gemv row 125.)
+  if (count > 0) {
+    prefetch_first_turn<Tile::kRows, false>(packed, scales, first_tile, first_s, lane, rows, cols, blocksize_log2);
   }
 #endif
   // The first copies go out before the table fill, so they are in flight while it runs. (Filled before the wait,
@@ -1041,6 +1054,17 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   const int64_t count = mine.end - mine.first;  // the team's turns (each of its groups')
   const int64_t first_tile = mine.first / turns;
   const int first_s = static_cast<int>(mine.first - first_tile * turns);
+#if NF4_PREFETCH_BEFORE_WAIT
+  // While the previous kernel (in a chain, the last call's adding kernel) finishes, L2 is asked for the warp's first
+  // turn, its 16-row tile's (warp_tile16's below) weights and scales, and by the first warp for nested absmax's map
+  // and offset: 3-5% off 8-16 rows on the q/o layers of an H100 (NOTES gemv rows 125-126).
+  if (count > 0) {
+    prefetch_first_turn<Tile16::kRows, true>(packed, scales,
+                                             4 * (Shape::kXGroups * first_tile + group_in_team) + warp_in_group,
+                                             first_s, lane, rows, cols, blocksize_log2);
+  }
+  if (kNested && threadIdx.x < 32) prefetch_nested_tables(scales, lane);
+#endif
   wait_for_previous_kernels();
 
   // The warp's 16 rows of team tile `tile` are 16-row tile 4 (kXGroups x tile + group_in_team) + warp_in_group (past
