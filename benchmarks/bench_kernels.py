@@ -81,6 +81,16 @@ PAPER_LAYERS = (
 )
 
 
+def layers_named(keys: str) -> list[Layer]:
+    """The paper layers whose "model name" keys (e.g. "llama3.3-70b gate/up") are in the comma-separated `keys`, in
+    PAPER_LAYERS' order; all of them for an empty string (the experiments' LAYERS variable)."""
+    wanted = [key for key in keys.split(",") if key]
+    unknown = set(wanted) - {f"{layer.model} {layer.name}" for layer in PAPER_LAYERS}
+    if unknown:
+        raise ValueError(f"LAYERS: no paper layer named {sorted(unknown)}")
+    return [layer for layer in PAPER_LAYERS if not wanted or f"{layer.model} {layer.name}" in wanted]
+
+
 @dataclass
 class Row:
     layer: Layer

@@ -2,7 +2,7 @@
 # BLOCKSIZE, default 64), the harness's graph timing (16 calls per graph, each call writing its own output: NOTES
 # dequantize row 6), with bitsandbytes' time and the copy ceiling beside; appends one JSON line {"label", "layer",
 # "times"} per layer to argv[1], the format ab_summary.py reads, so variant_ab.sh can A/B dequantize kernels
-# (TIMES_SCRIPT=benchmarks/experiments/dequant_times.py).
+# (TIMES_SCRIPT=benchmarks/experiments/dequant_times.py). LAYERS: bench_kernels.layers_named.
 import json
 import os
 import sys
@@ -17,13 +17,10 @@ import nf4_ops
 bk.min_graph_calls = 16
 label = sys.argv[2]
 blocksize = int(os.environ.get("BLOCKSIZE", "64"))
-only_layers = [key for key in os.environ.get("LAYERS", "").split(",") if key]
 variants = [("bf16", False), ("bf16", True), ("fp32", False)]
 dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
 with open(sys.argv[1], "a") as log:
-    for layer in bk.PAPER_LAYERS:
-        if only_layers and f"{layer.model} {layer.name}" not in only_layers:
-            continue
+    for layer in bk.layers_named(os.environ.get("LAYERS", "")):
         weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
         times = {}
         for out_name, nested in variants:

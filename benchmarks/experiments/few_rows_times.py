@@ -1,5 +1,6 @@
 # nf4::gemv at several row counts of bf16 x on every paper layer (the harness's graph timing, 16 calls per graph),
 # for benchmarks/experiments/few_rows.sh; appends one JSON line {"label", "layer", "times"} per layer to argv[1].
+# LAYERS: bench_kernels.layers_named.
 import sys, json, os
 sys.path.insert(0, "benchmarks")
 import torch, bitsandbytes.functional as bnbf
@@ -7,12 +8,8 @@ import bench_kernels as bk, nf4_ops
 bk.min_graph_calls = 16
 label = sys.argv[2]
 row_counts = [int(r) for r in os.environ.get("ROWS", "1,3,8,9,16").split(",")]
-# LAYERS: comma-separated "model name" keys to time (e.g. "llama3.3-70b gate/up,llama3.3-70b down"); default all
-only_layers = [key for key in os.environ.get("LAYERS", "").split(",") if key]
 with open(sys.argv[1], "a") as log:
-    for layer in bk.PAPER_LAYERS:
-        if only_layers and f"{layer.model} {layer.name}" not in only_layers:
-            continue
+    for layer in bk.layers_named(os.environ.get("LAYERS", "")):
         weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
         count = bk.copies_for(bk.gemv_bytes(layer.n, layer.k, bk.BLOCKSIZE, 1))
         quantized = [bnbf.quantize_4bit(weight, blocksize=bk.BLOCKSIZE, quant_type="nf4") for _ in range(count)]

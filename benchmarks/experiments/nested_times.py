@@ -2,7 +2,7 @@
 # harness's graph timing (16 calls per graph; dequantize writing a buffer per weight copy, NOTES dequantize row 6);
 # appends one JSON line {"label", "layer", "times"} per layer to argv[1], the format ab_summary.py reads, so
 # variant_ab.sh can A/B a change that touches both ops' start (TIMES_SCRIPT=benchmarks/experiments/nested_times.py).
-# CASES: comma-separated "gemv M<rows> plain|nested" / "dq plain|nested"; LAYERS as few_rows_times.py.
+# CASES: comma-separated "gemv M<rows> plain|nested" / "dq plain|nested"; LAYERS: bench_kernels.layers_named.
 import json
 import os
 import sys
@@ -18,11 +18,8 @@ bk.min_graph_calls = 16
 label = sys.argv[2]
 cases = os.environ.get("CASES", "gemv M1 nested,gemv M8 plain,gemv M16 plain,gemv M16 nested,dq plain,dq nested")
 cases = [case.split() for case in cases.split(",")]
-only_layers = [key for key in os.environ.get("LAYERS", "").split(",") if key]
 with open(sys.argv[1], "a") as log:
-    for layer in bk.PAPER_LAYERS:
-        if only_layers and f"{layer.model} {layer.name}" not in only_layers:
-            continue
+    for layer in bk.layers_named(os.environ.get("LAYERS", "")):
         weight = torch.randn(layer.n, layer.k, device="cuda", dtype=torch.bfloat16)
         times = {}
         for nested in (False, True):

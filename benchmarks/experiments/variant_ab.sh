@@ -10,7 +10,8 @@ export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 NAMES=${NAMES:-${NAME:-lastadd}}  # one variant or several, space-separated, each built and timed against the tree
 TESTS=${TESTS:-warpgroup or determin or back_to_back or bias or graph or compile}
 TEST_FILES=${TEST_FILES:-tests/test_gemv.py tests/test_torch_integration.py}
-# the timing script: few_rows_times.py (gemv at ROWS) or dequant_times.py (dequantize variants), both per LAYERS
+# the timing script: few_rows_times.py (gemv at ROWS), dequant_times.py (dequantize variants) or nested_times.py (gemv and
+# dequantize, plain and nested, at CASES), each per LAYERS
 TIMES_SCRIPT=${TIMES_SCRIPT:-benchmarks/experiments/few_rows_times.py}
 root=$PWD; start=$SECONDS
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
