@@ -1057,7 +1057,8 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
 #if NF4_PREFETCH_BEFORE_WAIT
   // While the previous kernel (in a chain, the last call's adding kernel) finishes, L2 is asked for the warp's first
   // turn, its 16-row tile's (warp_tile16's below) weights and scales, and by the first warp for nested absmax's map
-  // and offset: 3-5% off 8-16 rows on the q/o layers of an H100 (NOTES gemv rows 125-126).
+  // and offset: on an H100 4-6% off 4-16 rows on Gemma's and Qwen's q/o layers, 3% off Llama's at 12-16; on an H200
+  // within the noise (NOTES gemv rows 126, 128).
   if (count > 0) {
     prefetch_first_turn<Tile16::kRows, true>(packed, scales,
                                              4 * (Shape::kXGroups * first_tile + group_in_team) + warp_in_group,
