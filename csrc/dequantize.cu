@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_lane_words(const uint8_t* lane_bytes, Word 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     dequantize_kernel(const uint8_t* __restrict__ packed, BlockScales scales, QuantType quant_type,
-                      int blocksize_log2, int64_t numel, int64_t items, bool prefetch_scales, T* __restrict__ out) {
+                      int blocksize_log2, int64_t numel, int64_t items, T* __restrict__ out) {
   using U = Unit<T>;
   using Word = typename U::PackedWord;
   let_next_kernel_start();
@@ -62,13 +62,6 @@ __global__ void __launch_bounds__(kThreads)
 #if NF4_PREFETCH_BEFORE_WAIT
   // the item's packed bytes, one lane per 128-byte line, asked of L2 while the previous kernel finishes
   if (item < items && lane * U::kLaneBytes % 128 == 0) prefetch_l2(packed + item * U::kItemBytes + lane * U::kLaneBytes);
-  // and, where the grid runs in several waves, the lines of its first and last block scale: there the first wave
-  // finds them in L2 (1-3% off Gemma's layers); where the whole grid is one wave, every CTA asking at once cost the
-  // small k/v layers 1-14% (NOTES dequantize rows 10-11)
-  if (prefetch_scales && item < items && (lane == 1 || lane == 2)) {
-    const int64_t element = (item + (lane == 1 ? 0 : 1)) * U::kItemWords * U::kElements - (lane == 1 ? 0 : 1);
-    prefetch_block_scale(scales, element >> blocksize_log2);
-  }
 #endif
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
@@ -111,18 +104,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// How many CTAs of dequantize_kernel<T> are resident at once on the current device (a grid larger than this runs
-// in several waves).
-template <typename T>
-int64_t resident_ctas() {
-  static std::atomic<int64_t> cache[64] = {};
-  return once_per_device(cache, [](int device) -> int64_t {
-    int per_sm = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dequantize_kernel<T>, kThreads, 0));
-    return int64_t{std::max(per_sm, 1)} * at::cuda::getDeviceProperties(device)->multiProcessorCount;
-  });
-}
-
 void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const BlockScales& scales,
                        at::Tensor& out) {
   const int64_t numel = spec.rows.expect_int() * spec.cols.expect_int();
@@ -140,7 +121,7 @@ void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const B
                 " needs ", blocks, " CUDA blocks, more than a launch allows");
     launch_kernel(dequantize_kernel<T>, dim3(static_cast<unsigned>(blocks)), kThreads, 0,
                   at::cuda::getCurrentCUDAStream(), 1, bytes, scales, spec.quant_type, spec.blocksize_log2, numel,
-                  items, blocks > resident_ctas<T>(), out_data);
+                  items, out_data);
   });
 }
 
