@@ -5,7 +5,7 @@
 # tests (TESTS); timing passes tree, variant(s), tree, variant(s) (few_rows_times.py at ROWS); SANITIZE=1: memcheck and
 # racecheck of the variant. Used for NOTES gemv rows 102-102c (NAME=lastadd) onwards; needs bitsandbytes in .gpu/site.
 # A change to how scales are loaded or prefetched needs cases beyond blocksize 64 (nested_times.py CASES with bs4096,
-# or the variants benchmark): NOTES dequantize row 11 gained at bs64 and lost up to half at bs512-4096 nested.
+# or the variants benchmark): NOTES dequantize row 11 gained at bs64 and lost up to half its speed at bs2048-4096 nested.
 #   NAME=lastadd SANITIZE=1 OUT=/tmp/out bash benchmarks/experiments/variant_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
