@@ -5,7 +5,8 @@
 # tests (TESTS); timing passes tree, variant(s), tree, variant(s) (few_rows_times.py at ROWS); SANITIZE=1: memcheck and
 # racecheck of the variant. Used for NOTES gemv rows 102-102c (NAME=lastadd) onwards; needs bitsandbytes in .gpu/site.
 # A change to how scales are loaded or prefetched needs cases beyond blocksize 64 (nested_times.py CASES with bs4096,
-# or the variants benchmark): NOTES dequantize row 11 gained at bs64 and lost up to half its speed at bs2048-4096 nested.
+# or VARIANTS=1, which also runs the dequantize variants benchmark in each build, two alternated passes, into
+# variants_summary.txt): NOTES dequantize row 11 gained at bs64 and lost up to half its speed at bs2048-4096 nested.
 #   NAME=lastadd SANITIZE=1 OUT=/tmp/out bash benchmarks/experiments/variant_ab.sh
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -41,6 +42,20 @@ for pass in 1 2; do
   done
 done
 python3 benchmarks/experiments/ab_summary.py "$OUT/times.jsonl" | tee $OUT/summary.txt
+if [ "${VARIANTS:-0}" = 1 ]; then  # every dequantize variant, two alternated passes, into variants_summary.txt
+  for pass in 1 2; do
+    for label in tree $NAMES; do
+      dir=$root; [ $label != tree ] && dir=/tmp/$label
+      (cd $dir && PYTHONPATH=$root/.gpu/site:$dir timeout 150 python3 benchmarks/bench_dequantize_variants.py \
+        --out /tmp/variants_$label > /tmp/variants_$label.log 2>&1 || tail -5 /tmp/variants_$label.log) &&
+        python3 benchmarks/experiments/variants_jsonl.py /tmp/variants_$label/dequantize_variants.json \
+          $OUT/variants.jsonl $label
+      echo "variants $label $((SECONDS-start)) s"
+    done
+  done
+  python3 benchmarks/experiments/ab_summary.py "$OUT/variants.jsonl" > $OUT/variants_summary.txt
+  grep -E "\(\+[3-9]|\(\+[1-9][0-9]" $OUT/variants_summary.txt | head -20  # the variant's losses of 3% or more
+fi
 echo "done $((SECONDS-start)) s"
 if [ "${SANITIZE:-0}" = 1 ]; then
   for name in $NAMES; do
