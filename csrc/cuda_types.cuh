@@ -87,18 +87,17 @@ __device__ __forceinline__ void prefetch_l2(const void* address) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 
-// Asks L2 for block `block`'s scale: the line of its fp32 absmax, or with nested absmax the lines of its code byte
-// and of its state2.absmax value. That last line covers 32 x 256 blocks, so at large blocksizes every caller asks for
-// the same one (prefetches pass L1 by): the warpgroup kernel's 16 rows on Gemma's q at bs4096 nested pay 8% for it;
-// the measured fix, one request per line and none for state2.absmax, is not landed yet (NOTES dequantize row 12,
-// benchmarks/experiments/scale_prefetch_once_per_line.diff).
+// Where block `block`'s own scale entry lies: its fp32 absmax, or with nested absmax its code byte.
+__device__ __forceinline__ const void* block_scale_entry(const BlockScales& scales, int64_t block) {
+  return scales.nested() ? static_cast<const void*>(scales.codes + block) : static_cast<const void*>(scales.absmax + block);
+}
+
+// Asks L2 for the line of block `block`'s own scale entry (block_scale_entry). Never for its state2.absmax value: one
+// line of those covers 32 x 256 blocks (at blocksize 4096 a whole layer), so every warp of a grid would ask L2 for
+// the same line, and prefetches pass L1 by: thousands at once stalled that L2 slice and dequantize with it (NOTES
+// dequantize row 11), where the loads themselves meet in each SM's L1.
 __device__ __forceinline__ void prefetch_block_scale(const BlockScales& scales, int64_t block) {
-  if (!scales.nested()) {
-    prefetch_l2(scales.absmax + block);
-  } else {
-    prefetch_l2(scales.codes + block);
-    prefetch_l2(scales.absmax2 + (block >> scales.nested_blocksize_log2));
-  }
+  prefetch_l2(block_scale_entry(scales, block));
 }
 
 // Asks L2 for what every nested scale reads besides its own block's bytes: state2.code (256 floats, at most 9

@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_lane_words(const uint8_t* lane_bytes, Word 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     dequantize_kernel(const uint8_t* __restrict__ packed, BlockScales scales, QuantType quant_type,
-                      int blocksize_log2, int64_t numel, int64_t items, T* __restrict__ out) {
+                      int blocksize_log2, int64_t numel, int64_t items, bool prefetch_scales, T* __restrict__ out) {
   using U = Unit<T>;
   using Word = typename U::PackedWord;
   let_next_kernel_start();
@@ -62,6 +62,16 @@ __global__ void __launch_bounds__(kThreads)
 #if NF4_PREFETCH_BEFORE_WAIT
   // the item's packed bytes, one lane per 128-byte line, asked of L2 while the previous kernel finishes
   if (item < items && lane * U::kLaneBytes % 128 == 0) prefetch_l2(packed + item * U::kItemBytes + lane * U::kLaneBytes);
+  // and, where the grid runs in several waves, the line of the item's first scale entry, by the first item whose
+  // first entry lies in that line only (each line is asked for once per grid)
+  if (prefetch_scales && item < items && lane == 1) {
+    const int64_t item_elements = int64_t(U::kItemWords) * U::kElements;
+    const auto entry = reinterpret_cast<uintptr_t>(block_scale_entry(scales, (item * item_elements) >> blocksize_log2));
+    const auto previous = item == 0 ? entry - 128
+                                    : reinterpret_cast<uintptr_t>(
+                                          block_scale_entry(scales, ((item - 1) * item_elements) >> blocksize_log2));
+    if (entry / 128 != previous / 128) prefetch_l2(reinterpret_cast<const void*>(entry));
+  }
 #endif
   __shared__ float table[16];
   if (threadIdx.x < 16) table[threadIdx.x] = code_table(quant_type).value[threadIdx.x];
@@ -104,6 +114,17 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// How many CTAs of dequantize_kernel<T> are resident at once on the current device.
+template <typename T>
+int64_t resident_ctas() {
+  static std::atomic<int64_t> cache[64] = {};
+  return once_per_device(cache, [](int device) -> int64_t {
+    int per_sm = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dequantize_kernel<T>, kThreads, 0));
+    return int64_t{std::max(per_sm, 1)} * at::cuda::getDeviceProperties(device)->multiProcessorCount;
+  });
+}
+
 void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const BlockScales& scales,
                        at::Tensor& out) {
   const int64_t numel = spec.rows.expect_int() * spec.cols.expect_int();
@@ -121,7 +142,7 @@ void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const B
                 " needs ", blocks, " CUDA blocks, more than a launch allows");
     launch_kernel(dequantize_kernel<T>, dim3(static_cast<unsigned>(blocks)), kThreads, 0,
                   at::cuda::getCurrentCUDAStream(), 1, bytes, scales, spec.quant_type, spec.blocksize_log2, numel,
-                  items, out_data);
+                  items, blocks > resident_ctas<T>(), out_data);
   });
 }
 
