@@ -1057,8 +1057,9 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
 #if NF4_PREFETCH_BEFORE_WAIT
   // While the previous kernel (in a chain, the last call's adding kernel) finishes, L2 is asked for the warp's first
   // turn, its 16-row tile's (warp_tile16's below) weights and scales (each block's own entry, never its state2.absmax
-  // line: prefetch_block_scale), and by the first warp for nested absmax's map and offset: on an H100 4-6% off 4-16 rows on Gemma's and Qwen's q/o layers, 3% off Llama's at 12-16; on an H200
-  // within the noise (NOTES gemv rows 126, 128; the map and offset's part alone measured even on an H100, row 129).
+  // line: prefetch_block_scale), and by the first warp for nested absmax's map and offset: on an H100 4-6% off 4-16
+  // rows on Gemma's and Qwen's q/o layers, 3% off Llama's at 12-16; on an H200 within the noise (NOTES gemv rows 126,
+  // 128; the map and offset's part alone measured even on an H100, row 129).
   if (count > 0) {
     prefetch_first_turn<Tile16::kRows, true>(packed, scales,
                                              4 * (Shape::kXGroups * first_tile + group_in_team) + warp_in_group,
