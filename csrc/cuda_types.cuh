@@ -93,7 +93,7 @@ __device__ __forceinline__ const void* block_scale_entry(const BlockScales& scal
 }
 
 // Asks L2 for the line of block `block`'s own scale entry (block_scale_entry). Never for its state2.absmax value: one
-// line of those covers 32 x 256 blocks (at blocksize 4096 a whole layer), so every warp of a grid would ask L2 for
+// line of those covers 32 x 256 blocks (at blocksize 4096, 33.5 M elements), so every warp of a grid would ask L2 for
 // the same line, and prefetches pass L1 by: thousands at once stalled that L2 slice and dequantize with it (NOTES
 // dequantize row 11), where the loads themselves meet in each SM's L1.
 __device__ __forceinline__ void prefetch_block_scale(const BlockScales& scales, int64_t block) {
