@@ -2,10 +2,12 @@
 // checked symbolically (TORCH_SYM_CHECK) so the same checks run under fake tensors and dynamic shapes.
 #include "ops.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymBool.h>
 
 #include <string>
+#include <utility>
 
 namespace nf4 {
 namespace {
@@ -13,6 +15,9 @@ namespace {
 constexpr int64_t kMinBlocksize = 32;
 constexpr int64_t kMaxBlocksize = 4096;
 constexpr int64_t kNestedCodeEntries = 256;
+// The most elements a weight may have: N*K and every size derived from it (packed bytes, absmax blocks, an fp32
+// output's bytes) then fit in int64 with room to spare; real weights are below 2^40.
+constexpr int64_t kMaxWeightElementsLog2 = 60;
 
 bool is_power_of_two(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -92,6 +97,9 @@ WeightSpec check_weight_args(const char* op, const at::Tensor& packed, const at:
   spec.cols = shape[1];
   TORCH_SYM_CHECK(spec.rows.sym_gt(0), op, ": shape[0] (N) must be positive, got ", text(spec.rows));
   TORCH_SYM_CHECK(spec.cols.sym_gt(0), op, ": shape[1] (K) must be positive, got ", text(spec.cols));
+  // N <= 2^60 / K (floor), i.e. N*K <= 2^60, tested without forming a product that could wrap
+  TORCH_SYM_CHECK(spec.rows.sym_le(c10::SymInt(int64_t{1} << kMaxWeightElementsLog2) / spec.cols), op,
+                  ": shape [N, K] must have N*K <= 2^", text(kMaxWeightElementsLog2), " elements, got ", text(shape));
   const c10::SymInt numel = spec.rows * spec.cols;
 
   // packed: bytes are bytes, whatever the storage dtype; bitsandbytes may pad up to one storage element.
@@ -171,6 +179,19 @@ WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor&
                                              : c10::SymBool(false),
                   op, ": out must have shape [N, K] = ", text(shape), ", got ", text(out.sym_sizes()));
   check_contiguous(op, "out", out);
+  // out must not share memory with what the kernel reads: it would overwrite bytes it has yet to read
+  const std::pair<const char*, const at::Tensor*> inputs[] = {
+      {"packed", &packed},
+      {"absmax", &absmax},
+      {"nested_absmax", nested_absmax ? &*nested_absmax : nullptr},
+      {"nested_code", nested_code ? &*nested_code : nullptr},
+      {"nested_offset", nested_offset ? &*nested_offset : nullptr}};
+  for (const auto& [name, input] : inputs) {
+    if (input == nullptr) continue;
+    const at::MemOverlapStatus overlap = at::get_overlap_status(out, *input);
+    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial, op,
+                ": out must not share memory with ", name, ", which the kernel reads; got out overlapping ", name);
+  }
   return spec;
 }
 

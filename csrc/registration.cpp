@@ -3,6 +3,7 @@
 #include <Python.h>
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include "ops.h"
@@ -45,6 +46,20 @@ TORCH_LIBRARY(nf4, m) {
       "gemv(Tensor x, Tensor packed, Tensor absmax, int blocksize, str quant_type, SymInt[] shape, "
       "Tensor? bias=None, Tensor? nested_absmax=None, Tensor? nested_code=None, Tensor? nested_offset=None, "
       "int nested_blocksize=256) -> Tensor");
+}
+
+// The ops have no derivative of their own (nf4_ops.gemv's Python wrapper has one for x and bias). PyTorch's
+// not-implemented fallbacks (for both keys, as its REGISTER_AUTOGRAD_NOT_IMPLEMENTED_FALLBACK does) make that an
+// error at backward, where without them the output came back with no grad_fn and x's gradient silently None; they
+// also move dequantize.out's version counter as for any out= op.
+constexpr const char* kOpNames[] = {"dequantize", "dequantize.out", "gemv"};
+
+TORCH_LIBRARY_IMPL(nf4, Autograd, m) {
+  for (const char* name : kOpNames) m.impl(name, torch::autograd::autogradNotImplementedFallback());
+}
+
+TORCH_LIBRARY_IMPL(nf4, ADInplaceOrView, m) {
+  for (const char* name : kOpNames) m.impl(name, torch::autograd::autogradNotImplementedInplaceOrViewFallback());
 }
 
 TORCH_LIBRARY_IMPL(nf4, Meta, m) {

@@ -12,6 +12,11 @@ if TYPE_CHECKING:  # bitsandbytes is only needed to build a QuantState, not to c
 
 def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     """The op arguments a bitsandbytes QuantState stands for (everything but `packed`, `x` and `bias`)."""
+    missing = [name for name in ("absmax", "blocksize", "quant_type", "shape", "nested") if not hasattr(quant_state, name)]
+    if missing:
+        raise TypeError(
+            f"quant_state must be a bitsandbytes QuantState (with {', '.join(missing)}), got {type(quant_state).__name__}"
+        )
     args: dict[str, Any] = {
         "absmax": quant_state.absmax,
         "blocksize": int(quant_state.blocksize),
@@ -37,11 +42,13 @@ def dequantize(
     """The [N, K] weight in `dtype` (default: out's dtype, else the dtype it was quantized from),
     bit-exact with bitsandbytes.functional.dequantize_4bit. With `out` ([N, K], contiguous, on packed's
     device) it is written there and returned, with no allocation."""
+    _check_packed_bytes(packed)
+    args = quant_state_args(quant_state)
     if dtype is None:
         dtype = quant_state.dtype if out is None else out.dtype
     if out is None:
-        return torch.ops.nf4.dequantize(packed, dtype=dtype, **quant_state_args(quant_state))
-    torch.ops.nf4.dequantize.out(packed, dtype=dtype, out=out, **quant_state_args(quant_state))
+        return torch.ops.nf4.dequantize(packed, dtype=dtype, **args)
+    torch.ops.nf4.dequantize.out(packed, dtype=dtype, out=out, **args)
     return out
 
 
@@ -51,5 +58,45 @@ def gemv(
     quant_state: "QuantState",
     bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """x @ W.T + bias as [..., N] in x.dtype, accumulated in fp32."""
-    return torch.ops.nf4.gemv(x, packed, bias=bias, **quant_state_args(quant_state))
+    """x @ W.T + bias as [..., N] in x.dtype, accumulated in fp32. Differentiable in x and bias (the op itself
+    has no autograd; this wrapper's rule gives grad_x = grad_y @ W and grad_bias, never a weight gradient)."""
+    _check_packed_bytes(packed)
+    args = quant_state_args(quant_state)
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return _Nf4Linear.apply(x, bias, packed, args)
+    return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+
+
+class _Nf4Linear(torch.autograd.Function):
+    """y = x @ W.T + bias with W 4-bit; backward gives grad_x = grad_y @ W and grad_bias, no weight grad."""
+
+    @staticmethod
+    def forward(ctx, x, bias, packed, args):
+        ctx.packed, ctx.args = packed, args
+        ctx.bias_needs_grad = bias is not None and bias.requires_grad
+        return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        grad_x = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            weight = torch.ops.nf4.dequantize(ctx.packed, dtype=grad_y.dtype, **ctx.args)
+            grad_x = grad_y @ weight
+        if ctx.bias_needs_grad:
+            grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)
+        return grad_x, grad_bias, None, None
+
+
+def _check_packed_bytes(packed: torch.Tensor) -> None:
+    """The ops read packed's bytes as stored, but PyTorch resolves a negated or conjugated view's values before an
+    op sees them (so its bytes would change): such a view is refused here (torch.ops.nf4.* cannot tell). Eager
+    calls only: torch.compile cannot trace the flags (a graph break under fullgraph), and a model's packed weight is
+    a parameter, never such a view."""
+    if torch.compiler.is_compiling():
+        return
+    if packed.is_neg() or packed.is_conj():
+        raise ValueError(
+            "packed must be a plain tensor of bitsandbytes' bytes, got a "
+            f"{'negated' if packed.is_neg() else 'conjugated'} view, whose values PyTorch would resolve before the op "
+            "reads its bytes; pass the tensor it views"
+        )

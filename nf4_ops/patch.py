@@ -3,7 +3,8 @@
 The patched forward keeps bitsandbytes 0.50's `Linear4bit.forward` semantics (quant-state restore from the
 module, compute-dtype rule, bias cast, output cast back to the input dtype) and replaces only the matmul:
 `nf4::gemv`, which runs its fused kernel for few rows of x and dequantizes once + calls the dense matmul
-(cuBLAS) for many; the crossover is the op's (`kManyRowsGemvRowLimits` / `kFusedGemvMaxRows` in csrc/ops.h). It adds an autograd rule for QLoRA (gradient for x and bias, never for the weight).
+(cuBLAS) for many; the crossover is the op's (`kManyRowsGemvRowLimits` / `kFusedGemvMaxRows` in csrc/ops.h). Through
+nf4_ops.gemv it has an autograd rule for QLoRA (gradient for x and bias, never for the weight).
 
 Layers it cannot run (an unknown weight layout, a device without nf4 kernels) keep their original forward;
 one warning names them and says why. Nothing is changed in the checkpoint or the modules' parameters.
@@ -23,38 +24,11 @@ from typing import Optional
 
 import torch
 
-from .ops import quant_state_args
+from .ops import gemv
 
 # The module attribute that marks a patched layer and remembers how to undo the patch.
 _SAVED = "_nf4_ops_saved_forward"
 _KNOWN_QUANT_TYPES = ("nf4", "fp4")
-
-
-class _Nf4Linear(torch.autograd.Function):
-    """y = x @ W.T + bias with W 4-bit; backward gives grad_x = grad_y @ W and grad_bias, no weight grad."""
-
-    @staticmethod
-    def forward(ctx, x, bias, packed, args):
-        ctx.packed, ctx.args = packed, args
-        ctx.bias_needs_grad = bias is not None and bias.requires_grad
-        return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        grad_x = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            weight = torch.ops.nf4.dequantize(ctx.packed, dtype=grad_y.dtype, **ctx.args)
-            grad_x = grad_y @ weight
-        if ctx.bias_needs_grad:
-            grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)
-        return grad_x, grad_bias, None, None
-
-
-def _nf4_linear(x: torch.Tensor, packed: torch.Tensor, quant_state, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    args = quant_state_args(quant_state)
-    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-        return _Nf4Linear.apply(x, bias, packed, args)
-    return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
 
 
 def _kernel_device_types() -> frozenset:
@@ -106,7 +80,7 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
         if bias.dtype != x.dtype:  # bitsandbytes casts the stored bias to the compute dtype too
             bias.data = bias.data.to(x.dtype)
         bias = bias.to(x.dtype)
-    return _nf4_linear(x, self.weight, quant_state, bias).to(input_dtype)
+    return gemv(x, self.weight, quant_state, bias).to(input_dtype)
 
 
 class _SavedForward:

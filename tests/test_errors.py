@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from conftest import ALL_DEVICES, ALL_DEVICES_AND_META, HAS_CUDA
+import nf4_ops
+from conftest import ALL_DEVICES, ALL_DEVICES_AND_META, HAS_CUDA, bnb_quantize
 
 N, K, BLOCKSIZE = 8, 96, 64  # 768 elements: 384 packed bytes, 12 absmax blocks
 X_ROWS = 2
@@ -50,6 +51,13 @@ WEIGHT_CASES = [
     ("shape_rank", False, dict(shape=[N * K]), r"shape must be \[N, K\] \(2 values\), got 1 values"),
     ("shape_zero", False, dict(shape=[0, K]), r"shape\[0\] \(N\) must be positive, got 0"),
     ("shape_negative_k", False, dict(shape=[N, -96]), r"shape\[1\] \(K\) must be positive, got -96"),
+    # N*K past int64 wrapped to 2 before this check: 1 packed byte and 1 absmax then passed for 2^64 elements
+    ("shape_wrapping_numel", False, dict(shape=[3, (2**64 + 2) // 3]),
+     r"shape \[N, K\] must have N\*K <= 2\^60 elements, got \[3, 6148914691236517206\]"),
+    ("shape_too_many", False, dict(shape=[2**31, 2**30]), r"shape \[N, K\] must have N\*K <= 2\^60 elements"),
+    # at the limit the shape passes and packed's size is what fails
+    ("shape_at_limit", False, dict(shape=[2**30, 2**30]),
+     r"packed must hold ceil\(N\*K/2\) = 576460752303423488 bytes"),
     ("packed_too_small", False, lambda a: dict(packed=a["packed"][:100]),
      r"packed must hold ceil\(N\*K/2\) = 384 bytes for shape \[8, 96\].*got 100 bytes"),
     ("packed_for_other_shape", False, dict(shape=[N, K // 2]),
@@ -152,6 +160,41 @@ def test_bad_dequantize_out(case, device):
         torch.ops.nf4.dequantize.out(dtype=torch.bfloat16, out=make_out(device), **valid_args(device, nested=False))
 
 
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("input_name", ["packed", "absmax", "nested_code"])
+def test_dequantize_out_sharing_memory_with_an_input(input_name, device):
+    """out over bytes the kernel reads would overwrite them before they are read: refused, not a wrong weight."""
+    args = valid_args(device, nested=input_name.startswith("nested"))
+    out = torch.zeros(N, K, dtype=torch.float32, device=device)
+    source = args[input_name]
+    if input_name == "packed":
+        inside = out.view(torch.uint8).view(-1)[: source.numel()].view(source.shape)
+    else:
+        inside = out.view(torch.uint8 if source.dtype == torch.uint8 else torch.float32).view(-1)[: source.numel()]
+    inside.copy_(source.view(-1).view(inside.shape) if input_name == "packed" else source)
+    args[input_name] = inside
+    with pytest.raises(RuntimeError, match=rf"nf4::dequantize.out: out must not share memory with {input_name}"):
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=out, **args)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_op_backward_is_an_error_not_a_missing_gradient(device):
+    """The ops have no derivative: asking one for a gradient fails at backward (before the Autograd kernel x.grad
+    came back None, with only a warning). nf4_ops.gemv has one (tests/test_patch.py's autograd tests)."""
+    args = valid_args(device, nested=False)
+    x = torch.randn(X_ROWS, K, device=device, requires_grad=True)
+    y = torch.ops.nf4.gemv(x, **args)
+    assert y.requires_grad
+    with pytest.raises(RuntimeError, match=r"nf4::gemv.*not implemented"):
+        y.sum().backward()
+    absmax = args["absmax"].clone().requires_grad_(True)
+    weight = torch.ops.nf4.dequantize(dtype=torch.float32, **{**args, "absmax": absmax})
+    with pytest.raises(RuntimeError, match=r"nf4::dequantize.*not implemented"):
+        weight.sum().backward()
+    with torch.no_grad():  # without grad mode the op runs as before, and its output needs no gradient
+        assert not torch.ops.nf4.gemv(x, **args).requires_grad
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 def test_dequantize_out_on_another_device():
     out = torch.empty(N, K, dtype=torch.bfloat16)
@@ -194,3 +237,25 @@ def test_empty_x_gives_empty_output(device):
     for shape in [(0, K), (3, 0, K)]:
         out = torch.ops.nf4.gemv(torch.zeros(shape, dtype=torch.float16, device=device), **args)
         assert out.shape == (*shape[:-1], N) and out.dtype == torch.float16
+
+
+def test_wrappers_refuse_a_negated_or_conjugated_packed():
+    """PyTorch resolves a negated or conjugated view's values before an op reads its bytes, so the weight would
+    change: the wrappers refuse it by name (torch.ops.nf4.* cannot see the view's flag)."""
+    quantized = bnb_quantize((8, 96), "nf4", 64, nested=False, storage=torch.float32)
+    x = torch.zeros(2, 96)
+    negated = torch._neg_view(quantized.packed)
+    conjugated = torch.view_as_complex(quantized.packed.view(-1, 2)).conj()
+    for packed, kind in [(negated, "negated"), (conjugated, "conjugated")]:
+        with pytest.raises(ValueError, match=f"packed must be a plain tensor of bitsandbytes' bytes, got a {kind} view"):
+            nf4_ops.dequantize(packed, quantized.quant_state)
+        with pytest.raises(ValueError, match=f"got a {kind} view"):
+            nf4_ops.gemv(x, packed, quantized.quant_state)
+
+
+def test_wrappers_name_a_quant_state_that_is_not_one():
+    packed = torch.zeros(384, 1, dtype=torch.uint8)
+    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState .*got NoneType"):
+        nf4_ops.dequantize(packed, None)
+    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState .*got dict"):
+        nf4_ops.gemv(torch.zeros(2, 96), packed, {"absmax": None})

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import nf4_ops
-from conftest import HAS_CUDA, bnb_dequantize_4bit
+from conftest import HAS_CUDA, bnb_dequantize_4bit, bnb_quantize
 
 transformers = pytest.importorskip("transformers")
 import bitsandbytes as bnb  # noqa: E402
@@ -154,6 +154,27 @@ def test_autograd_gives_input_and_bias_gradients_only():
         torch.testing.assert_close(x.grad, x_ref.grad)
         torch.testing.assert_close(layer.bias.grad, bias_ref.grad)
         assert layer.weight.grad is None
+
+
+@pytest.mark.parametrize("with_bias", [False, True], ids=["no_bias", "bias"])
+def test_gemv_wrapper_gives_input_and_bias_gradients(with_bias):
+    """nf4_ops.gemv (not only a patched layer) is differentiable in x and bias, with the patch's rule."""
+    quantized = bnb_quantize((40, 96), "nf4", 64, nested=True)
+    weight = bnb_dequantize_4bit(quantized.packed, quantized.quant_state)
+    torch.manual_seed(0)
+    bias = torch.randn(40, requires_grad=True) if with_bias else None
+    for rows in [(3,), (2, 7)]:
+        x = torch.randn(*rows, 96, requires_grad=True)
+        grad_y = torch.randn(*rows, 40)
+        if bias is not None:
+            bias.grad = None
+        nf4_ops.gemv(x, quantized.packed, quantized.quant_state, bias).backward(grad_y)
+        x_ref = x.detach().clone().requires_grad_(True)
+        bias_ref = bias.detach().clone().requires_grad_(True) if with_bias else None
+        torch.nn.functional.linear(x_ref, weight, bias_ref).backward(grad_y)
+        torch.testing.assert_close(x.grad, x_ref.grad)
+        if with_bias:
+            torch.testing.assert_close(bias.grad, bias_ref.grad)
 
 
 def lora_gradients(model):
