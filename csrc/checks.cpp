@@ -179,9 +179,11 @@ WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor&
                                              : c10::SymBool(false),
                   op, ": out must have shape [N, K] = ", text(shape), ", got ", text(out.sym_sizes()));
   check_contiguous(op, "out", out);
-  // out must not share memory with what the kernel reads: it would overwrite bytes it has yet to read. Tensors
-  // of symbolic sizes (fake tensors while torch.compile traces) have no memory to compare, and torch 2.11's
-  // get_overlap_status throws on them; the real kernel's call checks the real tensors.
+  // out must not share memory with what the kernel reads: it would overwrite bytes it has yet to read. Every
+  // tensor here was checked contiguous (nested_offset has one element), so the status is never TooHard. Memory
+  // shared through separate storages (torch.frombuffer, DLPack) is not seen. Tensors of symbolic sizes (fake
+  // tensors while torch.compile traces dynamic shapes) are skipped: torch 2.11's get_overlap_status throws on
+  // them, and the compiled graph's call of the real kernel checks the real tensors.
   const auto symbolic = [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); };
   const std::pair<const char*, const at::Tensor*> inputs[] = {
       {"packed", &packed},

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include "ops.h"
@@ -29,6 +30,37 @@ at::Tensor gemv_meta(NF4_GEMV_PARAMS) {
   return at::empty_symint(gemv_output_shape(x, spec.rows), x.options());
 }
 
+// The ops have no derivative of their own (nf4_ops.gemv's Python wrapper has one for x and bias). Without an
+// Autograd kernel PyTorch's global fallback only warned at backward and gave a None gradient. dequantize and gemv
+// take PyTorch's not-implemented fallback (below): backward, or torch.compile tracing a call whose inputs need
+// gradients, raises "derivative for nf4::... is not implemented". That fallback does nothing for dequantize.out,
+// whose schema returns no tensor: this kernel refuses inputs that need gradients, as ATen's out= ops do, and moves
+// out's version counter, so a backward that saved `out` before it was overwritten raises instead of reading it.
+void dequantize_out_autograd(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
+  if (at::GradMode::is_enabled()) {
+    const std::pair<const char*, const at::Tensor*> differentiable[] = {
+        {"absmax", &absmax},
+        {"nested_absmax", nested_absmax ? &*nested_absmax : nullptr},
+        {"nested_code", nested_code ? &*nested_code : nullptr},
+        {"nested_offset", nested_offset ? &*nested_offset : nullptr},
+        {"out", &out}};
+    for (const auto& [name, t] : differentiable) {
+      TORCH_CHECK(t == nullptr || !t->requires_grad(), "nf4::dequantize.out: ", name,
+                  " requires grad, but the op has no derivative and out= ops take no part in autograd; call it "
+                  "under torch.no_grad() or on tensors that need no gradient");
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("nf4::dequantize", "out")
+                               .typed<void(NF4_DEQUANTIZE_PARAMS, at::Tensor&)>();
+    op.call(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax, nested_code, nested_offset,
+            nested_blocksize, out);
+  }
+  torch::autograd::impl::bump_version(out);
+}
+
 }  // namespace
 }  // namespace nf4
 
@@ -48,18 +80,10 @@ TORCH_LIBRARY(nf4, m) {
       "int nested_blocksize=256) -> Tensor");
 }
 
-// The ops have no derivative of their own (nf4_ops.gemv's Python wrapper has one for x and bias). PyTorch's
-// not-implemented fallbacks (for both keys, as its REGISTER_AUTOGRAD_NOT_IMPLEMENTED_FALLBACK does) make that an
-// error at backward, where without them the output came back with no grad_fn and x's gradient silently None; they
-// also move dequantize.out's version counter as for any out= op.
-constexpr const char* kOpNames[] = {"dequantize", "dequantize.out", "gemv"};
-
 TORCH_LIBRARY_IMPL(nf4, Autograd, m) {
-  for (const char* name : kOpNames) m.impl(name, torch::autograd::autogradNotImplementedFallback());
-}
-
-TORCH_LIBRARY_IMPL(nf4, ADInplaceOrView, m) {
-  for (const char* name : kOpNames) m.impl(name, torch::autograd::autogradNotImplementedInplaceOrViewFallback());
+  m.impl("dequantize", torch::autograd::autogradNotImplementedFallback());
+  m.impl("gemv", torch::autograd::autogradNotImplementedFallback());
+  m.impl("dequantize.out", &nf4::dequantize_out_autograd);
 }
 
 TORCH_LIBRARY_IMPL(nf4, Meta, m) {

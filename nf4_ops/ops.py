@@ -12,10 +12,12 @@ if TYPE_CHECKING:  # bitsandbytes is only needed to build a QuantState, not to c
 
 def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     """The op arguments a bitsandbytes QuantState stands for (everything but `packed`, `x` and `bias`)."""
-    missing = [name for name in ("absmax", "blocksize", "quant_type", "shape", "nested") if not hasattr(quant_state, name)]
+    needed = ("absmax", "blocksize", "quant_type", "shape", "dtype", "nested")
+    missing = [name for name in needed if not hasattr(quant_state, name)]
     if missing:
         raise TypeError(
-            f"quant_state must be a bitsandbytes QuantState (with {', '.join(missing)}), got {type(quant_state).__name__}"
+            f"quant_state must be a bitsandbytes QuantState, got {type(quant_state).__name__} "
+            f"(missing: {', '.join(missing)})"
         )
     args: dict[str, Any] = {
         "absmax": quant_state.absmax,

@@ -55,6 +55,8 @@ WEIGHT_CASES = [
     ("shape_wrapping_numel", False, dict(shape=[3, (2**64 + 2) // 3]),
      r"shape \[N, K\] must have N\*K <= 2\^60 elements, got \[3, 6148914691236517206\]"),
     ("shape_too_many", False, dict(shape=[2**31, 2**30]), r"shape \[N, K\] must have N\*K <= 2\^60 elements"),
+    ("shape_just_over", False, dict(shape=[2**30 + 1, 2**30]), r"shape \[N, K\] must have N\*K <= 2\^60 elements"),
+    ("shape_just_over_k", False, dict(shape=[1, 2**60 + 1]), r"shape \[N, K\] must have N\*K <= 2\^60 elements"),
     # at the limit the shape passes and packed's size is what fails
     ("shape_at_limit", False, dict(shape=[2**30, 2**30]),
      r"packed must hold ceil\(N\*K/2\) = 576460752303423488 bytes"),
@@ -160,21 +162,60 @@ def test_bad_dequantize_out(case, device):
         torch.ops.nf4.dequantize.out(dtype=torch.bfloat16, out=make_out(device), **valid_args(device, nested=False))
 
 
-@pytest.mark.parametrize("device", ALL_DEVICES)
-@pytest.mark.parametrize("input_name", ["packed", "absmax", "nested_code"])
+def place_in(buffer: torch.Tensor, offset: int, source: torch.Tensor) -> torch.Tensor:
+    """A view of `buffer`'s bytes from `offset` with source's dtype, shape and values."""
+    raw = buffer.view(torch.uint8).view(-1)[offset : offset + source.numel() * source.element_size()]
+    view = raw.view(source.dtype).view(source.shape)
+    view.copy_(source)
+    return view
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
+@pytest.mark.parametrize("input_name", ["packed", "absmax", "nested_absmax", "nested_code", "nested_offset"])
 def test_dequantize_out_sharing_memory_with_an_input(input_name, device):
     """out over bytes the kernel reads would overwrite them before they are read: refused, not a wrong weight."""
     args = valid_args(device, nested=input_name.startswith("nested"))
     out = torch.zeros(N, K, dtype=torch.float32, device=device)
-    source = args[input_name]
-    if input_name == "packed":
-        inside = out.view(torch.uint8).view(-1)[: source.numel()].view(source.shape)
-    else:
-        inside = out.view(torch.uint8 if source.dtype == torch.uint8 else torch.float32).view(-1)[: source.numel()]
-    inside.copy_(source.view(-1).view(inside.shape) if input_name == "packed" else source)
-    args[input_name] = inside
+    args[input_name] = place_in(out, 0, args[input_name])
     with pytest.raises(RuntimeError, match=rf"nf4::dequantize.out: out must not share memory with {input_name}"):
         torch.ops.nf4.dequantize.out(dtype=torch.float32, out=out, **args)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_dequantize_out_beside_its_inputs_in_one_storage(device):
+    """Disjoint views of one storage pass (the check compares bytes, not storages), with the right weight."""
+    args = valid_args(device, nested=False)
+    args["absmax"] = torch.rand(N * K // BLOCKSIZE, device=device)
+    args["packed"] = torch.randint(0, 256, (N * K // 2, 1), dtype=torch.uint8, device=device)
+    expected = torch.ops.nf4.dequantize(dtype=torch.float32, **args)
+    storage = torch.zeros(N * K * 4 + 384 + 48, dtype=torch.uint8, device=device)
+    out = storage[: N * K * 4].view(torch.float32).view(N, K)
+    args["packed"] = place_in(storage, N * K * 4, args["packed"])
+    args["absmax"] = place_in(storage, N * K * 4 + 384, args["absmax"])
+    torch.ops.nf4.dequantize.out(dtype=torch.float32, out=out, **args)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_dequantize_out_in_autograd(device):
+    """dequantize.out moves out's version counter (a backward that saved out then raises, not reads new values),
+    and refuses inputs that need gradients, as ATen's out= ops do."""
+    args = valid_args(device, nested=False)
+    out = torch.zeros(N, K, device=device)
+    before = out._version
+    torch.ops.nf4.dequantize.out(dtype=torch.float32, out=out, **args)
+    assert out._version > before
+    weight = torch.zeros(N, K, device=device, requires_grad=True)
+    saved = weight * 1.0  # a non-leaf that the square below saves for its backward
+    y = (saved * saved).sum()
+    torch.ops.nf4.dequantize.out(dtype=torch.float32, out=saved.detach(), **args)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    absmax = args["absmax"].clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match=r"nf4::dequantize.out: absmax requires grad, but the op has no derivative"):
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=torch.empty(N, K, device=device), **{**args, "absmax": absmax})
+    with torch.no_grad():
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=torch.empty(N, K, device=device), **{**args, "absmax": absmax})
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
@@ -255,7 +296,7 @@ def test_wrappers_refuse_a_negated_or_conjugated_packed():
 
 def test_wrappers_name_a_quant_state_that_is_not_one():
     packed = torch.zeros(384, 1, dtype=torch.uint8)
-    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState .*got NoneType"):
+    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState, got NoneType \(missing: absmax"):
         nf4_ops.dequantize(packed, None)
-    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState .*got dict"):
+    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState, got dict"):
         nf4_ops.gemv(torch.zeros(2, 96), packed, {"absmax": None})

@@ -37,6 +37,18 @@ def test_opcheck(device):
         torch.library.opcheck(op, args, kwargs)  # all default test_utils, test_aot_dispatch_dynamic included
 
 
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_opcheck_autograd_registration(device):
+    """Inputs that need gradients meet a registered Autograd kernel (one that raises at backward), not PyTorch's
+    global fallback, which only warned and gave None gradients."""
+    packed, args = weight(device, quant_type="nf4", nested=False)
+    x = torch.randn(3, 512, device=device, requires_grad=True)
+    torch.library.opcheck(torch.ops.nf4.gemv.default, (x, packed), args, test_utils="test_autograd_registration")
+    absmax = args["absmax"].clone().requires_grad_(True)
+    torch.library.opcheck(torch.ops.nf4.dequantize.default, (packed,),
+                          dict(args, absmax=absmax, dtype=torch.float32), test_utils="test_autograd_registration")
+
+
 def dequantize_then_gemv(x, packed, absmax, nested_absmax, nested_code, nested_offset):
     """A function that calls both ops, as user code would."""
     common = dict(
