@@ -12,26 +12,24 @@ if TYPE_CHECKING:  # bitsandbytes is only needed to build a QuantState, not to c
 
 def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     """The op arguments a bitsandbytes QuantState stands for (everything but `packed`, `x` and `bias`)."""
-    needed = ("absmax", "blocksize", "quant_type", "shape", "dtype", "nested")
-    missing = [name for name in needed if not hasattr(quant_state, name)]
-    if missing:
+    try:  # a patched layer calls this per forward: a missing attribute is caught, not looked for each time
+        args: dict[str, Any] = {
+            "absmax": quant_state.absmax,
+            "blocksize": int(quant_state.blocksize),
+            "quant_type": str(quant_state.quant_type),
+            "shape": [int(s) for s in quant_state.shape],
+        }
+        if quant_state.nested:
+            args.update(
+                nested_absmax=quant_state.state2.absmax,
+                nested_code=quant_state.state2.code,
+                nested_offset=quant_state.offset,
+                nested_blocksize=int(quant_state.state2.blocksize),
+            )
+    except AttributeError as error:
         raise TypeError(
-            f"quant_state must be a bitsandbytes QuantState, got {type(quant_state).__name__} "
-            f"(missing: {', '.join(missing)})"
-        )
-    args: dict[str, Any] = {
-        "absmax": quant_state.absmax,
-        "blocksize": int(quant_state.blocksize),
-        "quant_type": str(quant_state.quant_type),
-        "shape": [int(s) for s in quant_state.shape],
-    }
-    if quant_state.nested:
-        args.update(
-            nested_absmax=quant_state.state2.absmax,
-            nested_code=quant_state.state2.code,
-            nested_offset=quant_state.offset,
-            nested_blocksize=int(quant_state.state2.blocksize),
-        )
+            f"quant_state must be a bitsandbytes QuantState, got {type(quant_state).__name__} (missing: {error.name})"
+        ) from error
     return args
 
 
@@ -63,7 +61,12 @@ def gemv(
     """x @ W.T + bias as [..., N] in x.dtype, accumulated in fp32. Differentiable in x and bias (the op itself
     has no autograd; this wrapper's rule gives grad_x = grad_y @ W and grad_bias, never a weight gradient)."""
     _check_packed_bytes(packed)
-    args = quant_state_args(quant_state)
+    return linear(x, packed, quant_state_args(quant_state), bias)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """gemv on op arguments already taken from a QuantState, with the autograd rule where x or bias need gradients.
+    (patch()'s forward calls it per layer and call: its weight is a parameter, so gemv's view check is not needed.)"""
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         return _Nf4Linear.apply(x, bias, packed, args)
     return torch.ops.nf4.gemv(x, packed, bias=bias, **args)

@@ -3,8 +3,8 @@
 The patched forward keeps bitsandbytes 0.50's `Linear4bit.forward` semantics (quant-state restore from the
 module, compute-dtype rule, bias cast, output cast back to the input dtype) and replaces only the matmul:
 `nf4::gemv`, which runs its fused kernel for few rows of x and dequantizes once + calls the dense matmul
-(cuBLAS) for many; the crossover is the op's (`kManyRowsGemvRowLimits` / `kFusedGemvMaxRows` in csrc/ops.h). Through
-nf4_ops.gemv it has an autograd rule for QLoRA (gradient for x and bias, never for the weight).
+(cuBLAS) for many; the crossover is the op's (`kManyRowsGemvRowLimits` / `kFusedGemvMaxRows` in csrc/ops.h). It has
+nf4_ops.gemv's autograd rule for QLoRA (gradient for x and bias, never for the weight).
 
 Layers it cannot run (an unknown weight layout, a device without nf4 kernels) keep their original forward;
 one warning names them and says why. Nothing is changed in the checkpoint or the modules' parameters.
@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .ops import gemv
+from .ops import linear, quant_state_args
 
 # The module attribute that marks a patched layer and remembers how to undo the patch.
 _SAVED = "_nf4_ops_saved_forward"
@@ -80,7 +80,7 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
         if bias.dtype != x.dtype:  # bitsandbytes casts the stored bias to the compute dtype too
             bias.data = bias.data.to(x.dtype)
         bias = bias.to(x.dtype)
-    return gemv(x, self.weight, quant_state, bias).to(input_dtype)
+    return linear(x, self.weight, quant_state_args(quant_state), bias).to(input_dtype)
 
 
 class _SavedForward:
