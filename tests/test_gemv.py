@@ -118,6 +118,10 @@ TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel run
 # such a CTA (kTcCtaPerTileWideXWarps): a tile of more turns than that takes a cluster.
 TILE_CLUSTER = 2
 CTA_PER_TILE_WIDE_X_WARPS = 12
+# On sm_90 such a layer at 9-16 rows takes 32-row tiles, a cluster of WIDE_TILE_CLUSTER CTAs each, where those
+# clusters fit on the GPU at once (csrc/gemv.cu, kTcWideTileClusters: the test's 31 and 2 tiles do on an H100 or
+# H200), the instance tc_gemv_kernel<T, 2, 2, kNested, true>.
+WIDE_TILE_CLUSTER = 4
 # The tensor-core kernel's 32-row tiles (csrc/gemv.cu): warps per CTA (kTcWideWarps) and the shared memory a CTA
 # takes (TcCta<2, 2, false>::kSharedBytes: the 64 KB table, the 1 KB nested map, 2 stages of 4.5 KB per warp).
 WIDE_TILE_WARPS = 14
@@ -209,9 +213,13 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     names = [event.name for event in profile.events()]
     assert sum("tc_gemv_kernel" in name for name in names) == 1, names
     assert any("add_tile_parts_kernel" in name for name in names) == adds_parts, names
-    if not adds_parts:  # one CTA per tile, or a cluster of TILE_CLUSTER CTAs per tile (csrc/gemv.cu, tc_tile_cluster)
+    on_sm90 = torch.cuda.get_device_capability()[0] >= 9
+    if not adds_parts and on_sm90 and rows > 8:  # a cluster per 32-row tile (csrc/gemv.cu, tc_wide_tile_clusters)
+        (event,) = kernel_events(profile, tmp_path, "tc_gemv_kernel")
+        assert re.search(r"tc_gemv_kernel<[^,]+, 2, 2, (true|false), true>", event["name"]), event["name"]
+        assert event["args"]["grid"][0] == -(-shape[0] // 32) * WIDE_TILE_CLUSTER
+    elif not adds_parts:  # one CTA per tile, or a cluster of TILE_CLUSTER CTAs per tile (csrc/gemv.cu, tc_tile_cluster)
         tiles, turns = -(-shape[0] // 16), shape[1] // 256
-        on_sm90 = torch.cuda.get_device_capability()[0] >= 9
         cluster = TILE_CLUSTER if on_sm90 and turns > CTA_PER_TILE_WIDE_X_WARPS and rows > 8 else 1
         assert launched_grids(profile, tmp_path, "tc_gemv_kernel") == [tiles * cluster]
     assert_gemv_close(out, x, packed, args, bias)
