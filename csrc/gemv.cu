@@ -170,11 +170,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 constexpr int kTcWarps = NF4_TC_WARPS;
 constexpr int kTcWideWarps = NF4_TC_WIDE_WARPS;
 constexpr int kTcCtaPerTileWideXWarps = NF4_TC_CTA_PER_TILE_WIDE_X_WARPS;  // one CTA per tile, two n-tiles
-// Small-N layers at 9-16 rows of x on sm_90: a cluster of CTAs per 32-row tile (tc_wide_tile_cluster), so that each
-// x fragment a warp loads feeds two mmas' W rows: 8 warps a CTA, 4 CTAs a cluster give Llama's k/v (32 turns a
-// tile) one turn a warp (NOTES gemv row 130).
+// Small-N layers at 9-16 rows of x on sm_90: a cluster of CTAs per 32-row tile (launch_tc_wide_tile_clusters), so
+// that each x fragment a warp loads feeds two mmas' W rows: 11 warps a CTA (184 registers, the most that fit one
+// SM's register file), 3 CTAs a cluster give Llama's k/v (32 turns a tile) one turn a warp (NOTES gemv rows 130-131).
 #ifndef NF4_TC_CTA_PER_WIDE_TILE_WARPS
-#define NF4_TC_CTA_PER_WIDE_TILE_WARPS 8
+#define NF4_TC_CTA_PER_WIDE_TILE_WARPS 11
 #endif
 #ifndef NF4_TC_WIDE_TILE_CLUSTERS  // build-time knob for the A/B of row 130: 0 keeps the 16-row tiles' clusters
 #define NF4_TC_WIDE_TILE_CLUSTERS 1
@@ -1774,12 +1774,13 @@ int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t til
 }
 
 // At 9-16 rows of x on sm_90, the layers whose 16-row tiles take one CTA per tile (the k/v layers) take a cluster
-// per 32-row tile instead, where such a cluster for every 32-row tile fits on the GPU at once: of
-// kTcWideTileClusters[0] CTAs if those fit (Llama's and Qwen's k/v: 32 tiles x 4), else of [1] (Gemma's k/v: 64 x 2).
-// With 16-row tiles every tile reads all of x (Llama's k/v at 16 rows: 16 MB from L2 against 4 MB of weights); with
-// 32-row ones each x fragment feeds two mmas, half the x traffic (NOTES gemv row 130). The cluster's first CTA adds
-// every warp's part (add_warp_parts), so the result is the same on every run. Returns whether it launched.
-constexpr int kTcWideTileClusters[] = {4, 2};
+// per 32-row tile instead: of the fewest CTAs in kTcWideTileClusters whose warps have a turn each (Llama's k/v, 32
+// turns a tile: 3; Qwen's and Gemma's, 20-21: 2), or the most, where such a cluster for every 32-row tile fits on
+// the GPU at once. With 16-row tiles every tile reads all of x (Llama's k/v at 16 rows: 16 MB from L2 against 4 MB
+// of weights); with 32-row ones each x fragment feeds two mmas, half the x traffic (NOTES gemv rows 130-131). The
+// cluster's first CTA adds every warp's part (add_warp_parts), so the result is the same on every run. Returns
+// whether it launched.
+constexpr int kTcWideTileClusters[] = {2, 3, 4};
 template <typename T, bool kNested>
 bool launch_tc_wide_tile_clusters(const T* x, const uint8_t* packed, const BlockScales& scales,
                                   const WeightSpec& spec, int64_t rows, int64_t cols, int64_t x_rows, const T* bias,
@@ -1791,9 +1792,11 @@ bool launch_tc_wide_tile_clusters(const T* x, const uint8_t* packed, const Block
   prepare_tc_kernel<T, 2, 2, kNested, true>();
   static std::atomic<int64_t> fits[std::size(kTcWideTileClusters)][64] = {};
   const int64_t tiles = (rows + TileShape<2>::kRows - 1) / TileShape<2>::kRows;
+  const int64_t turns = cols / kTcTurn;
   for (size_t i = 0; i < std::size(kTcWideTileClusters); ++i) {
     const int cluster = kTcWideTileClusters[i];
-    if (tiles > resident_clusters(fits[i], kernel, cluster, Cta::kWarps, Cta::kSharedBytes, stream)) continue;
+    if (cluster * Cta::kWarps < turns && i + 1 < std::size(kTcWideTileClusters)) continue;
+    if (tiles > resident_clusters(fits[i], kernel, cluster, Cta::kWarps, Cta::kSharedBytes, stream)) return false;
     launch_kernel(kernel, dim3(static_cast<unsigned>(tiles * cluster)), Cta::kWarps * 32, Cta::kSharedBytes, stream,
                   cluster, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out,
                   static_cast<float*>(nullptr));

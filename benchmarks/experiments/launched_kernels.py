@@ -19,5 +19,5 @@ for layer in bk.layers_named(os.environ.get("LAYERS", "")):
         profile.export_chrome_trace(trace)
         for e in json.load(open(trace))["traceEvents"]:
             if e.get("cat") == "kernel":
-                name = e["name"].split("(")[0].replace("(anonymous namespace)::", "")
+                name = e["name"].replace("(anonymous namespace)::", "").split("(")[0]
                 print(f"{layer.model} {layer.name} M{rows}: {name} grid {e['args']['grid']} block {e['args']['block']}")
