@@ -23,7 +23,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <iterator>
 #include <limits>
 #include <type_traits>
 
@@ -170,16 +169,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 constexpr int kTcWarps = NF4_TC_WARPS;
 constexpr int kTcWideWarps = NF4_TC_WIDE_WARPS;
 constexpr int kTcCtaPerTileWideXWarps = NF4_TC_CTA_PER_TILE_WIDE_X_WARPS;  // one CTA per tile, two n-tiles
-// Small-N layers at 9-16 rows of x on sm_90: a cluster of CTAs per 32-row tile (launch_tc_wide_tile_clusters), so
-// that each x fragment a warp loads feeds two mmas' W rows: 11 warps a CTA (184 registers, the most that fit one
-// SM's register file), 3 CTAs a cluster give Llama's k/v (32 turns a tile) one turn a warp (NOTES gemv rows 130-131).
-#ifndef NF4_TC_CTA_PER_WIDE_TILE_WARPS
-#define NF4_TC_CTA_PER_WIDE_TILE_WARPS 11
-#endif
-#ifndef NF4_TC_WIDE_TILE_CLUSTERS  // build-time knob for the A/B of row 130: 0 keeps the 16-row tiles' clusters
-#define NF4_TC_WIDE_TILE_CLUSTERS 1
-#endif
-constexpr int kTcCtaPerWideTileWarps = NF4_TC_CTA_PER_WIDE_TILE_WARPS;
 constexpr int kTcMmaRows = 16;                    // W rows per mma (its M); a tile is kMTiles of them
 constexpr int kTcStep = 64;                       // K elements per step: 4 mma k-tiles, one absmax scale per row
 constexpr int kTcTurnSteps = 4;                   // steps per loop turn
@@ -223,11 +212,12 @@ struct TileShape {
 };
 
 // One CTA of a tensor-core launch: its warps and its shared memory (the table, the nested map, a ring per warp).
+// One CTA per tile takes only 16-row tiles.
 template <int kMTiles, int kNTiles, bool kCtaPerTile>
 struct TcCta {
-  static_assert(!kCtaPerTile || kMTiles == 1 || kNTiles == 2, "one CTA per 32-row tile: 9-16 rows of x");
-  static constexpr int kWarps = kMTiles == 2 ? (kCtaPerTile ? kTcCtaPerWideTileWarps : kTcWideWarps)
-                                             : (kCtaPerTile && kNTiles == 2 ? kTcCtaPerTileWideXWarps : kTcWarps);
+  static_assert(!kCtaPerTile || kMTiles == 1, "one CTA per tile: 16-row tiles");
+  static constexpr int kWarps =
+      kMTiles == 2 ? kTcWideWarps : (kCtaPerTile && kNTiles == 2 ? kTcCtaPerTileWideXWarps : kTcWarps);
   static constexpr int kSharedBytes =
       kCodePairTableBytes + kTcCode2Bytes + kWarps * kTcStages * TileShape<kMTiles>::kStageBytes;
 };
@@ -1752,57 +1742,17 @@ int prepare_tc_kernel() {
 // an H200), where the cluster's launch and barriers cost more than the halved turns save.
 // `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
 constexpr int kTcTileCluster = 2;
-
-// How many clusters of `cluster` CTAs of `kernel` (a prepared instance; `fits` a cache of its own for this kernel and
-// cluster size) fit on the current device at once.
-template <typename Kernel>
-int64_t resident_clusters(std::atomic<int64_t> (&fits)[64], Kernel kernel, int cluster, int warps, int shared_bytes,
-                          cudaStream_t stream) {
-  return once_per_device(fits, [&](int) -> int64_t {
-           const LaunchConfig launch(dim3(cluster), warps * 32, shared_bytes, stream, cluster, false);
-           int count = 0;
-           C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config));
-           return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
-         }) - 1;
-}
-
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
                     int warps, int shared_bytes, cudaStream_t stream) {
   if (at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= warps) return 1;
-  return tiles <= resident_clusters(fits, kernel, kTcTileCluster, warps, shared_bytes, stream) ? kTcTileCluster : 1;
-}
-
-// At 9-16 rows of x on sm_90, the layers whose 16-row tiles take one CTA per tile (the k/v layers) take a cluster
-// per 32-row tile instead: of the fewest CTAs in kTcWideTileClusters whose warps have a turn each (Llama's k/v, 32
-// turns a tile: 3; Qwen's and Gemma's, 20-21: 2), or the most, where such a cluster for every 32-row tile fits on
-// the GPU at once. With 16-row tiles every tile reads all of x (Llama's k/v at 16 rows: 16 MB from L2 against 4 MB
-// of weights); with 32-row ones each x fragment feeds two mmas, half the x traffic (NOTES gemv rows 130-131). The
-// cluster's first CTA adds every warp's part (add_warp_parts), so the result is the same on every run. Returns
-// whether it launched.
-constexpr int kTcWideTileClusters[] = {2, 3, 4};
-template <typename T, bool kNested>
-bool launch_tc_wide_tile_clusters(const T* x, const uint8_t* packed, const BlockScales& scales,
-                                  const WeightSpec& spec, int64_t rows, int64_t cols, int64_t x_rows, const T* bias,
-                                  T* out, cudaStream_t stream) {
-  if (!NF4_TC_WIDE_TILE_CLUSTERS || at::cuda::getCurrentDeviceProperties()->major < 9) return false;
-  using Cta = TcCta<2, 2, true>;
-  const auto kernel = tc_gemv_kernel<T, 2, 2, kNested, true>;
-  if (at::cuda::getCurrentDeviceProperties()->sharedMemPerBlockOptin < size_t{Cta::kSharedBytes}) return false;
-  prepare_tc_kernel<T, 2, 2, kNested, true>();
-  static std::atomic<int64_t> fits[std::size(kTcWideTileClusters)][64] = {};
-  const int64_t tiles = (rows + TileShape<2>::kRows - 1) / TileShape<2>::kRows;
-  const int64_t turns = cols / kTcTurn;
-  for (size_t i = 0; i < std::size(kTcWideTileClusters); ++i) {
-    const int cluster = kTcWideTileClusters[i];
-    if (cluster * Cta::kWarps < turns && i + 1 < std::size(kTcWideTileClusters)) continue;
-    if (tiles > resident_clusters(fits[i], kernel, cluster, Cta::kWarps, Cta::kSharedBytes, stream)) return false;
-    launch_kernel(kernel, dim3(static_cast<unsigned>(tiles * cluster)), Cta::kWarps * 32, Cta::kSharedBytes, stream,
-                  cluster, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows, cols, int(x_rows), bias, out,
-                  static_cast<float*>(nullptr));
-    return true;
-  }
-  return false;
+  const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
+    const LaunchConfig launch(dim3(kTcTileCluster), warps * 32, shared_bytes, stream, kTcTileCluster, false);
+    int count = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config));
+    return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
+  }) - 1;
+  return tiles <= clusters ? kTcTileCluster : 1;
 }
 
 // The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
@@ -2068,12 +2018,6 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     const int64_t total = tiles * turns;
     // (only 16-row tiles: 32-row ones are chosen for layers with many more turns per resident warp)
     const bool cta_per_tile = kMTiles == 1 && tc_cta_per_tile(tiles, turns, resident);
-    if constexpr (kMTiles == 1 && kNTiles == 2) {
-      if (cta_per_tile &&
-          launch_tc_wide_tile_clusters<T, kNested>(x, packed, scales, spec, rows, cols, x_rows, bias, out, stream)) {
-        return;
-      }
-    }
     constexpr int kStreamKWarps = TcCta<kMTiles, kNTiles, false>::kWarps;
     const int64_t grid = cta_per_tile ? tiles : stream_k_grid(total, kStreamKWarps, resident);
     const int64_t warps = grid * kStreamKWarps;
