@@ -1,0 +1,28 @@
+"""The end-to-end decode benchmark (benchmarks/bench_decode.py) runs its three variants through, on whatever device is
+here (a CPU: eager steps of a small model; a GPU: CUDA-graph replays of Llama-3.3-70B-shaped layers), and writes a
+time for each; it is a benchmark, so this checks that it runs and reports, not its numbers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_decode_benchmark_times_every_variant(tmp_path):
+    args = ["--layers", "1", "--batch", "1", "2", "--prompt", "8", "--replays", "2", "--repeats", "2"]
+    child = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_decode.py"), *args, "--out", str(tmp_path)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert child.returncode == 0, child.stderr[-3000:]
+    results = json.loads((tmp_path / "decode.json").read_text())
+    assert "errors" not in results, results["errors"]
+    for batch in ("1", "2"):
+        assert set(results["steps"][batch]) == {"bf16", "bitsandbytes", "nf4-ops"}
+        assert all(ms > 0 for ms in results["steps"][batch].values()), results["steps"][batch]
+    weights = results["linear_weight_bytes"]
+    assert weights["nf4-ops"] == weights["bitsandbytes"] < weights["bf16"] / 3  # 4-bit codes and their scales
+    assert (tmp_path / "decode.png").stat().st_size > 0
+    assert "| nf4-ops | 2 |" in child.stdout
