@@ -23,7 +23,7 @@ void fused_gemv_rows(const uint8_t* bytes, const BlockScales& scales, const Code
     dequantize_elements(bytes, scales, table, blocksize_log2, n * cols, (n + 1) * cols, w_row.data(),
                         [](float v) { return v; }, Blocks{});
     for (int64_t m = 0; m < x_rows; ++m) {
-      float acc = dot_f32(x + m * cols, w_row.data(), cols);
+      float acc = Blocks{}.dot(x + m * cols, w_row.data(), cols);
       if (bias_f32 != nullptr) acc += bias_f32[n];
       out[m * rows + n] = static_cast<scalar_t>(acc);
     }
@@ -31,9 +31,9 @@ void fused_gemv_rows(const uint8_t* bytes, const BlockScales& scales, const Code
 }
 
 #ifdef NF4_CPU_AVX512
-// The same rows compiled for AVX-512: the row decode takes the vector block policy (cpu_vector.h), the same bits;
-// the dot product keeps its order (8 interleaved partial sums, no contraction: -ffp-contract=off), so the result
-// is the same bits as on the scalar path.
+// The same rows compiled for AVX-512: the row decode and the dot product take the vector block policy
+// (cpu_vector.h); the dot product keeps its order (64 interleaved partial sums, no contraction: -ffp-contract=off),
+// so the result is the same bits as on the scalar path.
 template <typename scalar_t>
 NF4_AVX512_TARGET void fused_gemv_rows_avx512(const uint8_t* bytes, const BlockScales& scales, const CodeTable& table,
                                               int blocksize_log2, int64_t rows, int64_t cols, const float* x,

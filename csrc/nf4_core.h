@@ -100,6 +100,29 @@ NF4_HD int log2_exact(int64_t power_of_two) {
   return log2;
 }
 
+// sum_k a[k] * b[k] in fp32 over 64 interleaved partial sums (element k into sum k % 64), added pairwise at the
+// end: a shorter rounding chain than one running sum, and independent chains of adds that the compiler vectorises
+// (4 of 16 lanes with AVX-512, 8 of 8 with AVX2), so that the loads, not one chain's add latency, set the pace
+// (benchmarks/NOTES.md, CPU row 4). The order is the same however it is compiled, so the same bits. Always inlined,
+// so that a caller compiled for AVX-512 (Avx512Blocks::dot, cpu_vector.h) vectorises it with AVX-512: as a function
+// of its own it is compiled for the build's baseline ISA (SSE2 on x86-64) only.
+#if defined(__GNUC__) && !defined(__CUDACC__)
+__attribute__((always_inline))
+#endif
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 64;
+  float partial[kLanes] = {};
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) {
+    for (int lane = 0; lane < kLanes; ++lane) partial[lane] += a[k + lane] * b[k + lane];
+  }
+  for (; k < n; ++k) partial[k % kLanes] += a[k] * b[k];
+  for (int width = kLanes / 2; width > 0; width /= 2) {
+    for (int lane = 0; lane < width; ++lane) partial[lane] += partial[lane + width];
+  }
+  return partial[0];
+}
+
 // How dequantize_elements builds a block's 16 values and whether it hands whole runs of 64 elements to a vector
 // kernel. This default: the scalar loop for both (a vector policy must produce the same bits: cpu_vector.h).
 struct ScalarBlocks {
@@ -112,6 +135,7 @@ struct ScalarBlocks {
   }
   template <typename OutT>
   void run64(const uint8_t*, const OutT (&)[16], OutT*) const {}
+  float dot(const float* a, const float* b, int64_t n) const { return dot_f32(a, b, n); }
 };
 
 // Dequantizes flat elements [begin, end) into out[0 .. end-begin), converting each fp32 value with
@@ -143,21 +167,6 @@ inline void dequantize_elements(const uint8_t* packed, const BlockScales& scales
     }
     if (e < block_end) *o++ = value[nibble_at(packed, e++)];  // a high nibble ends it
   }
-}
-
-// sum_k a[k] * b[k] in fp32 over 8 interleaved partial sums: a shorter rounding chain than one running
-// sum (closer to the exact dot product) and independent lanes the compiler can vectorise.
-inline float dot_f32(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 8;
-  float partial[kLanes] = {};
-  int64_t k = 0;
-  for (; k + kLanes <= n; k += kLanes) {
-    for (int lane = 0; lane < kLanes; ++lane) partial[lane] += a[k + lane] * b[k + lane];
-  }
-  for (; k < n; ++k) partial[k % kLanes] += a[k] * b[k];
-  float sum = 0.0f;
-  for (int lane = 0; lane < kLanes; ++lane) sum += partial[lane];
-  return sum;
 }
 
 }  // namespace nf4

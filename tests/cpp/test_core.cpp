@@ -144,6 +144,55 @@ TEST_CASE("dequantize_elements converts through the given rounding", "[cpu-loop]
   CHECK(bits(out[1]) == bits(-2.0f * from_bits(0x3f800001)));
 }
 
+namespace {
+
+// dot_f32's order spelled out on its own: element k into partial sum k % 64, then the 64 sums added pairwise
+// (sum i += sum i + w for w = 32, 16, ..., 1).
+float dot_in_64_lanes(const std::vector<float>& a, const std::vector<float>& b) {
+  float partial[64] = {};
+  for (size_t k = 0; k < a.size(); ++k) partial[k % 64] += a[k] * b[k];
+  for (int width = 32; width > 0; width /= 2) {
+    for (int lane = 0; lane < width; ++lane) partial[lane] += partial[lane + width];
+  }
+  return partial[0];
+}
+
+// Values whose products round (24-bit mantissas, signs and exponents mixed), so a different order of adds shows.
+std::vector<float> rounding_values(size_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t state = seed;
+  for (auto& x : v) {
+    state = state * 1664525u + 1013904223u;
+    x = from_bits(0x3f800000u | (state >> 9)) * ((state & 1) ? -1.0f : 1.0f) * float(1 + (state >> 28));
+  }
+  return v;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// dot_f32 inlined into a function compiled for AVX-512, as Avx512Blocks::dot (csrc/cpu_vector.h) has it.
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl"))) float dot_avx512(const float* a, const float* b, int64_t n) {
+  return nf4::dot_f32(a, b, n);
+}
+#endif
+
+}  // namespace
+
+TEST_CASE("dot_f32 adds in its stated order, the same bits when compiled for AVX-512", "[cpu-loop]") {
+  for (size_t n : {1u, 7u, 63u, 64u, 65u, 200u, 1024u, 4099u}) {
+    const std::vector<float> a = rounding_values(n, 7u + n), b = rounding_values(n, 99u + n);
+    const float got = nf4::dot_f32(a.data(), b.data(), static_cast<int64_t>(n));
+    CHECK(bits(got) == bits(dot_in_64_lanes(a, b)));
+    double exact = 0.0;
+    for (size_t k = 0; k < n; ++k) exact += double(a[k]) * double(b[k]);
+    CHECK(std::fabs(got - exact) <= 1e-5 * (1.0 + std::fabs(exact)) * double(n));
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+      CHECK(bits(dot_avx512(a.data(), b.data(), static_cast<int64_t>(n))) == bits(got));
+    }
+#endif
+  }
+}
+
 TEST_CASE("dot_f32 on hand-checked vectors", "[cpu-loop]") {
   std::vector<float> a(19), b(19);
   float expected = 0.0f;
