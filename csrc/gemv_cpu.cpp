@@ -1,6 +1,6 @@
 // nf4::gemv on the CPU. Few rows: each W row is dequantized once to fp32 (on AVX-512 CPUs by the vector block
-// policy, cpu_vector.h) and dotted with every x row, accumulating in fp32. Many rows: W is dequantized once and
-// the dense CPU matmul does the rest.
+// policy, cpu_vector.h) and dotted with every x row, accumulating in fp32. Many rows: W is dequantized once to
+// x's dtype and torch's CPU matmul does the rest.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -74,10 +74,11 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
   const c10::SymDimVector out_shape = gemv_output_shape(x, spec.rows);
 
   if (x_rows > kFusedGemvMaxRows) {
-    const at::Tensor w = dequantize_cpu(packed, absmax, blocksize, quant_type, shape, at::kFloat, nested_absmax,
+    // W dequantized once to x's dtype, then torch's matmul in that dtype, as the CUDA path and bitsandbytes do: in
+    // fp32 (twice the bytes of W, and an fp32 matmul) 16-128 rows of bf16 x took 2-4x as long (NOTES CPU row 5).
+    const at::Tensor w = dequantize_cpu(packed, absmax, blocksize, quant_type, shape, x.scalar_type(), nested_absmax,
                                         nested_code, nested_offset, nested_blocksize);
-    const OptTensor bias_f32 = bias.has_value() ? OptTensor(bias->to(at::kFloat)) : std::nullopt;
-    return at::linear(x_2d.to(at::kFloat), w, bias_f32).to(x.scalar_type()).reshape_symint(out_shape);
+    return at::linear(x_2d, w, bias).reshape_symint(out_shape);
   }
 
   at::Tensor out = at::empty({x_rows, rows}, x.options());
