@@ -6,10 +6,12 @@ intermediate 28672, 64 heads, 8 KV heads; random weights, a few decoder layers, 
   bf16 compute), as `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True)` loads it;
 - `nf4-ops`: the same 4-bit model after `nf4_ops.patch`.
 
-Each step runs 1 token for each of `--batch` sequences against a static KV cache (filled by a prefill of
-`--prompt` tokens), and is captured in a CUDA graph and replayed, as transformers' compiled decode
-(`cache_implementation="static"`, `mode="reduce-overhead"`) runs it, so that the host's Python overhead is out of
-the timing and the GPU's time is what is measured. The three variants share the embedding, norms, attention and
+Each step runs 1 token for each of `--batch` sequences against a static KV cache of `--context` positions (filled
+by a prefill of `--prompt` tokens; the step's attention reads all of them, as with transformers' static cache), and
+is captured in a CUDA graph and replayed, so that the host's Python overhead is out of the timing and the GPU's time
+is what is measured. (transformers' compiled decode, `cache_implementation="static"` with `mode="reduce-overhead"`,
+also replays a CUDA graph of the step, but of Inductor's kernels for the ops other than the linear layers; here they
+are eager PyTorch's.) The three variants share the embedding, norms, attention and
 the lm head; only the linear layers differ. Median of `--repeats` timed runs of `--replays` replays each,
 CUDA events; the weights of a step (about 0.9-3.4 GB) do not fit in L2, so each replay reads them from memory.
 
@@ -81,15 +83,21 @@ def linear_weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def decode_step_ms(model, config, batch: int, prompt: int, device: str, replays: int, repeats: int) -> float:
-    """Median ms of one decode step (1 token per sequence) after a prefill of `prompt` tokens: CUDA-graph replays on
-    a GPU, eager calls on a CPU."""
-    # transformers' static cache writes each step at its own running count of tokens (a device counter that every
-    # call moves on, whatever cache_position says; its index_copy_ asserts past the end), so the cache holds every
-    # step this function runs: 3 warm-up calls and a replay besides the timed ones (or 1 + repeats eager calls).
-    # The step's attention reads the whole static cache, filled or not, so its time does not depend on the count.
-    steps = 4 + replays * repeats
-    cache = transformers.StaticCache(config=config, max_cache_len=prompt + steps)
+def decode_steps(replays: int, repeats: int) -> int:
+    """The calls decode_step_ms makes after the prefill, each of which takes a cache position: 3 warm-up calls and
+    a replay besides the timed ones on a GPU (capture runs nothing), 1 + repeats on a CPU."""
+    return 4 + replays * repeats
+
+
+def decode_step_ms(model, config, batch: int, prompt: int, context: int, device: str, replays: int,
+                   repeats: int) -> float:  # fmt: skip
+    """Median ms of one decode step (1 token per sequence) after a prefill of `prompt` tokens, against a static cache
+    of `context` positions: CUDA-graph replays on a GPU, eager calls on a CPU."""
+    # transformers' static cache writes each call at its own running count of tokens (a device counter that every
+    # call moves on, whatever cache_position says; its index_copy_ asserts past the end), so the cache must hold every
+    # call this function makes (main checks). The step's attention reads the whole static cache, filled or not, so
+    # its time does not depend on how many of them came before.
+    cache = transformers.StaticCache(config=config, max_cache_len=context)
     generator = torch.Generator().manual_seed(batch)
     prompt_ids = torch.randint(0, config.vocab_size, (batch, prompt), generator=generator).to(device)
     with torch.no_grad():
@@ -178,9 +186,13 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=128, help="prefill tokens before the timed step")
     parser.add_argument("--replays", type=int, default=20, help="graph replays per timed run")
     parser.add_argument("--repeats", type=int, default=15, help="timed runs; the median is reported")
+    parser.add_argument("--context", type=int, default=512, help="static KV cache positions (attention reads all)")
     parser.add_argument("--attention", default="sdpa", help="transformers' attn_implementation")
     parser.add_argument("--out", type=Path, default=Path("decode-out"))
     args = parser.parse_args()
+    if args.prompt + decode_steps(args.replays, args.repeats) > args.context:
+        parser.error(f"--context {args.context} holds fewer positions than the prompt ({args.prompt}) and the "
+                     f"{decode_steps(args.replays, args.repeats)} decode calls of --replays x --repeats need")  # fmt: skip
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape = LLAMA_70B if device == "cuda" else SMALL
     layers = args.layers or (2 if device == "cuda" else 1)
@@ -196,7 +208,8 @@ def main() -> None:
             else f"a 1024-wide Llama, {layers} decoder layer{'s' * (layers > 1)} (CPU smoke run)")  # fmt: skip
     results = {"model": name, "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
                "torch": torch.__version__, "bitsandbytes": bnb.__version__, "transformers": transformers.__version__,
-               "layers": layers, "prompt": args.prompt, "linear_weight_bytes": {}, "steps": {}}  # fmt: skip
+               "layers": layers, "prompt": args.prompt, "context": args.context, "linear_weight_bytes": {},
+               "steps": {}}  # fmt: skip
     results["linear_weight_bytes"] = {"bf16": linear_weight_bytes(dense), "bitsandbytes": linear_weight_bytes(quantized),
                                       "nf4-ops": linear_weight_bytes(quantized)}  # fmt: skip
     for batch in args.batch:
@@ -207,15 +220,17 @@ def main() -> None:
             if variant == "nf4-ops":
                 nf4_ops.patch(model)
             try:
-                step[variant] = decode_step_ms(model, config, batch, args.prompt, device, args.replays, args.repeats)
+                step[variant] = decode_step_ms(model, config, batch, args.prompt, args.context, device, args.replays,
+                                               args.repeats)  # fmt: skip
                 print(f"[decode] batch {batch} {variant}: {step[variant]:.3f} ms ({time.time() - start:.1f} s)",
                       flush=True)  # fmt: skip
             except RuntimeError as error:  # e.g. a capture that a variant's forward breaks: reported, not hidden
                 step[variant] = None
                 results.setdefault("errors", {})[f"batch {batch} {variant}"] = str(error)[:500]
                 print(f"[decode] batch {batch} {variant}: FAILED:\n{traceback.format_exc()[-3000:]}", flush=True)
-            if variant == "nf4-ops":
-                nf4_ops.unpatch(model)
+            finally:
+                if variant == "nf4-ops":
+                    nf4_ops.unpatch(model)
         results["steps"][batch] = step
     if device == "cuda":
         results["gpu_state"] = gpu_state()
@@ -223,6 +238,8 @@ def main() -> None:
     (args.out / "decode.json").write_text(json.dumps(results, indent=1))
     plot(results, args.out / "decode.png")
     print(table(results))
+    if "errors" in results:  # reported above and in the JSON; the run failed
+        sys.exit(f"decode: {len(results['errors'])} variant run(s) failed")
 
 
 if __name__ == "__main__":

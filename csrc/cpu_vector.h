@@ -94,4 +94,14 @@ inline bool cpu_has_avx512() {
 }
 #endif  // NF4_CPU_AVX512
 
+// Whether the CPU has native bf16 dot products (AVX512-BF16), which torch's bf16 CPU matmul uses (gemv_cpu.cpp).
+inline bool cpu_has_avx512_bf16() {
+#ifdef NF4_CPU_AVX512
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+#else
+  return false;
+#endif
+}
+
 }  // namespace nf4

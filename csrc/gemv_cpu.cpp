@@ -1,6 +1,6 @@
 // nf4::gemv on the CPU. Few rows: each W row is dequantized once to fp32 (on AVX-512 CPUs by the vector block
-// policy, cpu_vector.h) and dotted with every x row, accumulating in fp32. Many rows: W is dequantized once to
-// x's dtype and torch's CPU matmul does the rest.
+// policy, cpu_vector.h) and dotted with every x row, accumulating in fp32. Many rows: W is dequantized once (to
+// bf16 for bf16 x on CPUs with AVX512-BF16, else fp32) and torch's CPU matmul does the rest.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -32,7 +32,7 @@ void fused_gemv_rows(const uint8_t* bytes, const BlockScales& scales, const Code
 
 #ifdef NF4_CPU_AVX512
 // The same rows compiled for AVX-512: the row decode and the dot product take the vector block policy
-// (cpu_vector.h); the dot product keeps its order (64 interleaved partial sums, no contraction: -ffp-contract=off),
+// (cpu_vector.h); the dot product keeps its order (32 interleaved partial sums, no contraction: -ffp-contract=off),
 // so the result is the same bits as on the scalar path.
 template <typename scalar_t>
 NF4_AVX512_TARGET void fused_gemv_rows_avx512(const uint8_t* bytes, const BlockScales& scales, const CodeTable& table,
@@ -74,11 +74,17 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
   const c10::SymDimVector out_shape = gemv_output_shape(x, spec.rows);
 
   if (x_rows > kFusedGemvMaxRows) {
-    // W dequantized once to x's dtype, then torch's matmul in that dtype, as the CUDA path and bitsandbytes do: in
-    // fp32 (twice the bytes of W, and an fp32 matmul) 16-128 rows of bf16 x took 2-4x as long (NOTES CPU row 5).
-    const at::Tensor w = dequantize_cpu(packed, absmax, blocksize, quant_type, shape, x.scalar_type(), nested_absmax,
+    // W dequantized once, then torch's matmul: in bf16 for bf16 x on CPUs with AVX512-BF16 (as the CUDA path and
+    // bitsandbytes do; in fp32, twice the bytes of W and an fp32 matmul, 16-128 rows took 2-4x as long), else in
+    // fp32: torch's fp16 CPU matmul without native fp16 was up to 2.4x slower than fp32's on such a CPU, and its
+    // bf16 one without AVX512-BF16 was not measured (NOTES CPU row 5).
+    const at::ScalarType dense = x.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16()
+                                     ? at::kBFloat16
+                                     : at::kFloat;
+    const at::Tensor w = dequantize_cpu(packed, absmax, blocksize, quant_type, shape, dense, nested_absmax,
                                         nested_code, nested_offset, nested_blocksize);
-    return at::linear(x_2d, w, bias).reshape_symint(out_shape);
+    const OptTensor dense_bias = bias.has_value() ? OptTensor(bias->to(dense)) : std::nullopt;
+    return at::linear(x_2d.to(dense), w, dense_bias).to(x.scalar_type()).reshape_symint(out_shape);
   }
 
   at::Tensor out = at::empty({x_rows, rows}, x.options());

@@ -100,17 +100,18 @@ NF4_HD int log2_exact(int64_t power_of_two) {
   return log2;
 }
 
-// sum_k a[k] * b[k] in fp32 over 64 interleaved partial sums (element k into sum k % 64), added pairwise at the
+// sum_k a[k] * b[k] in fp32 over 32 interleaved partial sums (element k into sum k % 32), added pairwise at the
 // end: a shorter rounding chain than one running sum, and independent chains of adds that the compiler vectorises
-// (4 of 16 lanes with AVX-512, 8 of 8 with AVX2), so that the loads, not one chain's add latency, set the pace
-// (benchmarks/NOTES.md, CPU row 4). The order is the same however it is compiled, so the same bits. Always inlined,
-// so that a caller compiled for AVX-512 (Avx512Blocks::dot, cpu_vector.h) vectorises it with AVX-512: as a function
-// of its own it is compiled for the build's baseline ISA (SSE2 on x86-64) only.
+// (2 of 16 lanes with AVX-512, 8 of 4 with SSE2), so that the loads more than one chain's add latency set the pace
+// (benchmarks/NOTES.md, CPU row 4: in a probe of 8-64 sums, 32 were as fast as 64 with AVX-512, 2.6x 8's, and as
+// fast as 8 with SSE2, where 64 spill). The order is the same however it is compiled, so the same bits. Always
+// inlined, so that a caller compiled for AVX-512 (Avx512Blocks::dot, cpu_vector.h) vectorises it with AVX-512: as a
+// function of its own it is compiled for the build's baseline ISA (SSE2 on x86-64) only.
 #if defined(__GNUC__) && !defined(__CUDACC__)
 __attribute__((always_inline))
 #endif
 inline float dot_f32(const float* a, const float* b, int64_t n) {
-  constexpr int kLanes = 64;
+  constexpr int kLanes = 32;
   float partial[kLanes] = {};
   int64_t k = 0;
   for (; k + kLanes <= n; k += kLanes) {

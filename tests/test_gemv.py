@@ -55,6 +55,32 @@ def test_gemv_matrix(shape_name, quant_type, nested, dtype, rows, with_bias, dev
     assert_gemv_close(out, x, packed, args, bias)
 
 
+def dot_in_32_lanes(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ w [N, K].T in fp32 in the CPU kernel's order (csrc/nf4_core.h, dot_f32): element k into partial sum
+    k % 32, each product and add rounded to fp32 (no fused multiply-add), then the 32 sums added pairwise."""
+    partial = torch.zeros(x.shape[0], w.shape[0], 32)
+    whole = x.shape[1] // 32 * 32
+    for k in range(0, whole, 32):
+        partial += x[:, None, k : k + 32] * w[None, :, k : k + 32]
+    for k in range(whole, x.shape[1]):
+        partial[:, :, k % 32] += x[:, None, k] * w[None, :, k]
+    for width in (16, 8, 4, 2, 1):
+        partial[:, :, :width] += partial[:, :, width : 2 * width]
+    return partial[:, :, 0]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("shape_name", list(SHAPES))
+def test_gemv_cpu_fused_bits(shape_name, rows):
+    # The CPU's fused rows (fp32 x, up to kFusedGemvMaxRows) give the bits of dot_f32's stated order, on whichever
+    # path this CPU takes (AVX-512 or the baseline: the same order, so the same bits).
+    shape = SHAPES[shape_name]
+    packed, args = weight_on("cpu", shape, "nf4", 64, nested=True)
+    x = random_x((rows, shape[1]), torch.float32, "cpu")
+    w = torch.ops.nf4.dequantize(packed, dtype=torch.float32, **args)
+    assert torch.equal(torch.ops.nf4.gemv(x, packed, **args), dot_in_32_lanes(x, w))
+
+
 @pytest.mark.parametrize("device", ALL_DEVICES)
 @pytest.mark.parametrize("storage", STORAGES, ids=lambda s: "storage_" + dtype_id(s))
 @pytest.mark.parametrize("blocksize", BLOCKSIZES, ids=lambda b: f"bs{b}")
