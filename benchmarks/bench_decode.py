@@ -75,7 +75,8 @@ def linear_weight_bytes(model: torch.nn.Module) -> int:
     for module in model.model.layers.modules():
         if isinstance(module, bnb.nn.Linear4bit):
             state = module.weight.quant_state
-            total += module.weight.numel() * module.weight.element_size() + state.absmax.numel() * state.absmax.element_size()
+            total += module.weight.numel() * module.weight.element_size()
+            total += state.absmax.numel() * state.absmax.element_size()
             if state.nested:
                 total += state.state2.absmax.numel() * 4 + state.state2.code.numel() * 4
         elif isinstance(module, torch.nn.Linear):
@@ -208,10 +209,10 @@ def main() -> None:
             else f"a 1024-wide Llama, {layers} decoder layer{'s' * (layers > 1)} (CPU smoke run)")  # fmt: skip
     results = {"model": name, "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
                "torch": torch.__version__, "bitsandbytes": bnb.__version__, "transformers": transformers.__version__,
-               "layers": layers, "prompt": args.prompt, "context": args.context, "linear_weight_bytes": {},
-               "steps": {}}  # fmt: skip
-    results["linear_weight_bytes"] = {"bf16": linear_weight_bytes(dense), "bitsandbytes": linear_weight_bytes(quantized),
-                                      "nf4-ops": linear_weight_bytes(quantized)}  # fmt: skip
+               "layers": layers, "prompt": args.prompt, "context": args.context, "steps": {}}  # fmt: skip
+    four_bit_bytes = linear_weight_bytes(quantized)  # the same weights for both 4-bit variants
+    results["linear_weight_bytes"] = {"bf16": linear_weight_bytes(dense), "bitsandbytes": four_bit_bytes,
+                                      "nf4-ops": four_bit_bytes}  # fmt: skip
     for batch in args.batch:
         step = {}
         for variant in VARIANTS:

@@ -88,7 +88,8 @@ void launch_many_rows_gemv(const at::Tensor& x_2d, const uint8_t* packed, const 
                            const WeightSpec& spec, const at::Tensor& bias, at::Tensor& out);
 
 // The crossover between gemv's fused kernels and dequantize + dense matmul (cuBLAS on CUDA, at::linear
-// on the CPU): above these many rows of x, gemv dequantizes W once into x's dtype and calls the matmul,
+// on the CPU): above these many rows of x, gemv dequantizes W once into x's dtype (on the CPU only bf16 x on CPUs
+// with AVX512-BF16; fp32 otherwise: gemv_cpu.cpp) and calls the matmul,
 // because W is then reused by enough rows that a matrix-matrix product wins. This is the one place they
 // are set; benchmarks/NOTES.md (gemv rows 18, 20, 64 and 65) and the rows-of-x sweep of benchmarks/bench_kernels.py
 // measure them (README, "Performance").
