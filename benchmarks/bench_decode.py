@@ -9,13 +9,14 @@ intermediate 28672, 64 heads, 8 KV heads; random weights, a few decoder layers, 
 Each step runs 1 token for each of `--batch` sequences against a static KV cache of `--context` positions (filled
 by a prefill of `--prompt` tokens; the step's attention reads all of them, as with transformers' static cache), and
 is captured in a CUDA graph and replayed, so that the host's Python overhead is out of the timing and the GPU's time
-is what is measured. (transformers' compiled decode, `cache_implementation="static"` with `mode="reduce-overhead"`,
-also replays a CUDA graph of the step, but of Inductor's kernels for the ops other than the linear layers; here they
-are eager PyTorch's.) The three variants share the embedding, norms, attention and
+is what is measured. The ops other than the linear layers are eager PyTorch's kernels, or with `--compile` Inductor's:
+the step is then `torch.compile(model, fullgraph=True)` (compiled per variant and batch, before the capture), as
+transformers' compiled decode (`cache_implementation="static"`, `mode="reduce-overhead"`) runs it, its norms,
+rotary embedding and residual adds fused into a few kernels. The three variants share the embedding, norms, attention and
 the lm head; only the linear layers differ. Median of `--repeats` timed runs of `--replays` replays each,
 CUDA events; the weights of a step (about 0.9-3.4 GB) do not fit in L2, so each replay reads them from memory.
 
-    python benchmarks/bench_decode.py [--layers 2] [--batch 1 16] [--out DIR]
+    python benchmarks/bench_decode.py [--layers 2] [--batch 1 16] [--compile] [--out DIR]
 
 Prints a table last (ms per step, the decoder linear layers' weight bytes, those bytes per step time, speedups)
 and writes DIR/decode.json and DIR/decode.png. On a CPU (no CUDA graphs) it times the steps eagerly, with
@@ -90,10 +91,11 @@ def decode_steps(replays: int, repeats: int) -> int:
     return 4 + replays * repeats
 
 
-def decode_step_ms(model, config, batch: int, prompt: int, context: int, device: str, replays: int,
-                   repeats: int) -> float:  # fmt: skip
+def decode_step_ms(model, config, batch: int, prompt: int, context: int, device: str, replays: int, repeats: int,
+                   compiled: bool) -> float:  # fmt: skip
     """Median ms of one decode step (1 token per sequence) after a prefill of `prompt` tokens, against a static cache
-    of `context` positions: CUDA-graph replays on a GPU, eager calls on a CPU."""
+    of `context` positions: CUDA-graph replays on a GPU, calls on a CPU; the step compiled with fullgraph when
+    `compiled` (the prefill eager, as transformers' generate runs it)."""
     # transformers' static cache writes each call at its own running count of tokens (a device counter that every
     # call moves on, whatever cache_position says; its index_copy_ asserts past the end), so the cache must hold every
     # call this function makes (main checks). The step's attention reads the whole static cache, filled or not, so
@@ -109,8 +111,12 @@ def decode_step_ms(model, config, batch: int, prompt: int, context: int, device:
         kwargs = dict(input_ids=ids, cache_position=position, position_ids=position.expand(batch, 1),
                       past_key_values=cache, use_cache=True)  # fmt: skip
 
+        if compiled:
+            torch._dynamo.reset()  # a fresh compile for each variant (patch swaps the layers' forward)
+        forward = torch.compile(model, fullgraph=True) if compiled else model
+
         def step():
-            return model(**kwargs).logits
+            return forward(**kwargs).logits
 
         if device == "cpu":
             step()
@@ -144,7 +150,8 @@ def decode_step_ms(model, config, batch: int, prompt: int, context: int, device:
 
 
 def table(results: dict) -> str:
-    lines = [f"decode step of {results['model']} on {results['device_name']}", "",
+    ops = "torch.compile(fullgraph=True)" if results["compiled"] else "eager ops"
+    lines = [f"decode step of {results['model']} on {results['device_name']}, {ops}", "",
              "| variant | batch | ms per step | linear weights MB | GB/s of those | vs bitsandbytes | vs bf16 |",
              "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for batch, rows in results["steps"].items():
@@ -174,7 +181,8 @@ def plot(results: dict, path: Path) -> None:
                [results["steps"][b][variant] or 0.0 for b in batches], width, label=variant)  # fmt: skip
     ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
     ax.set_ylabel("ms per decode step")
-    ax.set_title(f"{results['model']}\n{results['device_name']}", fontsize=9)
+    ops = "compiled" if results["compiled"] else "eager ops"
+    ax.set_title(f"{results['model']}, {ops}\n{results['device_name']}", fontsize=9)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -189,6 +197,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15, help="timed runs; the median is reported")
     parser.add_argument("--context", type=int, default=512, help="static KV cache positions (attention reads all)")
     parser.add_argument("--attention", default="sdpa", help="transformers' attn_implementation")
+    parser.add_argument("--compile", action="store_true", help="the step compiled with torch.compile(fullgraph=True)")
     parser.add_argument("--out", type=Path, default=Path("decode-out"))
     args = parser.parse_args()
     if args.prompt + decode_steps(args.replays, args.repeats) > args.context:
@@ -209,7 +218,8 @@ def main() -> None:
             else f"a 1024-wide Llama, {layers} decoder layer{'s' * (layers > 1)} (CPU smoke run)")  # fmt: skip
     results = {"model": name, "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
                "torch": torch.__version__, "bitsandbytes": bnb.__version__, "transformers": transformers.__version__,
-               "layers": layers, "prompt": args.prompt, "context": args.context, "steps": {}}  # fmt: skip
+               "layers": layers, "prompt": args.prompt, "context": args.context, "compiled": args.compile,
+               "steps": {}}  # fmt: skip
     four_bit_bytes = linear_weight_bytes(quantized)  # the same weights for both 4-bit variants
     results["linear_weight_bytes"] = {"bf16": linear_weight_bytes(dense), "bitsandbytes": four_bit_bytes,
                                       "nf4-ops": four_bit_bytes}  # fmt: skip
@@ -222,7 +232,7 @@ def main() -> None:
                 nf4_ops.patch(model)
             try:
                 step[variant] = decode_step_ms(model, config, batch, args.prompt, args.context, device, args.replays,
-                                               args.repeats)  # fmt: skip
+                                               args.repeats, args.compile)  # fmt: skip
                 print(f"[decode] batch {batch} {variant}: {step[variant]:.3f} ms ({time.time() - start:.1f} s)",
                       flush=True)  # fmt: skip
             except RuntimeError as error:  # e.g. a capture that a variant's forward breaks: reported, not hidden

@@ -6,7 +6,7 @@
 #   bash scripts/gpu_suite.sh [--quick] [BENCH_ARG ...]
 # (--quick: benchmark Llama-3.3-70B's layers only; other arguments go to benchmarks/bench_kernels.py, e.g.
 # --rounds 1)
-# DECODE=1 adds benchmarks/bench_decode.py (an end-to-end decode step) after the benchmarks.
+# DECODE=1 adds benchmarks/bench_decode.py (an end-to-end decode step, eager ops and compiled) after the benchmarks.
 # SANITIZERS: the compute-sanitizer steps to run (default all three: "memcheck racecheck memcheck_tc"); a second
 # GPU of the same kernels may take fewer to fit a time limit, and the summary then lists only the steps that ran.
 # Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
@@ -59,14 +59,18 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
   step variants "$PY" benchmarks/bench_dequantize_variants.py --out "$OUT"  # NF4/FP4, every dtype and blocksize
   # the end-to-end decode step (bf16, bitsandbytes, nf4-ops), when asked: DECODE=1 (the suite is near a 10-minute
   # call's limit on an H100 without it)
-  [ "${DECODE:-0}" = 1 ] && step decode "$PY" benchmarks/bench_decode.py --out "$OUT"
+  # eager ops, then compiled as transformers' compiled decode runs them
+  if [ "${DECODE:-0}" = 1 ]; then
+    step decode "$PY" benchmarks/bench_decode.py --out "$OUT"
+    step decode_compiled "$PY" benchmarks/bench_decode.py --compile --out "$OUT/compiled"
+  fi
 fi
 
 echo
 cat "$OUT/gpu.txt"
 [ -f "$OUT/bench.log" ] && sed -n '/^| model/,$p' "$OUT/bench.log"
 [ -f "$OUT/variants.log" ] && sed -n '/^| variant/,$p' "$OUT/variants.log"
-[ -f "$OUT/decode.log" ] && sed -n '/^decode step of/,$p' "$OUT/decode.log"
+for log in decode decode_compiled; do [ -f "$OUT/$log.log" ] && sed -n '/^decode step of/,$p' "$OUT/$log.log"; done
 echo
 echo "| step       | result          |  time | last line |"
 echo "|---|---|---|---|"
