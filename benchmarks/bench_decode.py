@@ -70,6 +70,21 @@ def quantize_linears(model: torch.nn.Module, device: str) -> torch.nn.Module:
     return model
 
 
+def build_models(device: str, layers: int, attention: str):
+    """(config, the bf16 model, its 4-bit copy): Llama-3.3-70B's layer shapes on a GPU, a 1024-wide Llama on a CPU;
+    random weights (seed 0), a 4096-token vocabulary."""
+    shape = LLAMA_70B if device == "cuda" else SMALL
+    config = transformers.LlamaConfig(**shape, num_hidden_layers=layers, vocab_size=4096,
+                                      max_position_embeddings=4096, attn_implementation=attention)  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        dense = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    # train() on the 4-bit copy: bitsandbytes repacks weights into a CPU-only layout in eval mode on some CPUs
+    # (tests/test_patch.py); the model has no dropout, so outputs are eval mode's.
+    quantized = quantize_linears(copy.deepcopy(dense), device).train(device == "cpu")
+    return config, dense, quantized
+
+
 def linear_weight_bytes(model: torch.nn.Module) -> int:
     """The bytes of the decoder layers' linear weights a step reads: bf16 weights, or packed NF4 plus its scales."""
     total = 0
@@ -204,16 +219,8 @@ def main() -> None:
         parser.error(f"--context {args.context} holds fewer positions than the prompt ({args.prompt}) and the "
                      f"{decode_steps(args.replays, args.repeats)} decode calls of --replays x --repeats need")  # fmt: skip
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    shape = LLAMA_70B if device == "cuda" else SMALL
     layers = args.layers or (2 if device == "cuda" else 1)
-    config = transformers.LlamaConfig(**shape, num_hidden_layers=layers, vocab_size=4096,
-                                      max_position_embeddings=4096, attn_implementation=args.attention)  # fmt: skip
-    torch.manual_seed(0)
-    with torch.device(device):
-        dense = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    # train() on the 4-bit copy: bitsandbytes repacks weights into a CPU-only layout in eval mode on some CPUs
-    # (tests/test_patch.py); the model has no dropout, so outputs are eval mode's.
-    quantized = quantize_linears(copy.deepcopy(dense), device).train(device == "cpu")
+    config, dense, quantized = build_models(device, layers, args.attention)
     name = (f"Llama-3.3-70B shapes, {layers} decoder layer{'s' * (layers > 1)}" if device == "cuda"
             else f"a 1024-wide Llama, {layers} decoder layer{'s' * (layers > 1)} (CPU smoke run)")  # fmt: skip
     results = {"model": name, "device_name": torch.cuda.get_device_name() if device == "cuda" else "CPU",
