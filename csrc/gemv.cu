@@ -1358,6 +1358,14 @@ __device__ __forceinline__ uint32_t load_once_scale(const uint8_t* from) { retur
 // filled at the CTA's start: the 256-entry code map (state2.code) and the CTA's range of nested absmax values
 // (state2.absmax), at most kOrNestedMaxBlocks of them (one_row_gemv_applies). The value is bitsandbytes' nested
 // math, as dequantize's (BlockScales::nested_absmax_value). NOTES gemv row 61.
+// With NF4_OR_NESTED_ROW_PER_LANE (the default), lane (g, t) loads and converts the code of tile row t alone and
+// the 4 lanes of segment g share their scales by shuffles: each scale is worked out once per warp, where every lane
+// converted all kOrRows rows' codes (4 times the nested math, the loop's +15% of instructions over plain absmax;
+// NOTES gemv row 132).
+#ifndef NF4_OR_NESTED_ROW_PER_LANE
+#define NF4_OR_NESTED_ROW_PER_LANE 1
+#endif
+constexpr bool kOrNestedRowPerLane = NF4_OR_NESTED_ROW_PER_LANE != 0;
 constexpr int kOrCode2Floats = 256;
 constexpr int kOrNestedMaxBlocks = 4096;
 constexpr int kOrNestedSharedBytes = (kOrCode2Floats + kOrNestedMaxBlocks) * 4;
@@ -1421,6 +1429,10 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   using M = typename MmaOperand<T>::type;
   using ScaleSource = std::conditional_t<kNested, uint8_t, float>;  // what the loads read per block
   using ScaleWord = std::conditional_t<kNested, uint32_t, float>;   // what the ring holds per row and step
+  // Nested, one row per lane: the ring holds the code of the lane's own tile row (t) only.
+  constexpr bool kRowPerLane = kNested && kOrNestedRowPerLane;
+  static_assert(!kRowPerLane || kOrRows == 4, "one tile row per lane t: 4 rows");
+  constexpr int kScaleSlots = kRowPerLane ? 1 : kOrRows;
   extern __shared__ __align__(16) uint8_t or_lut[];
   // the parts of the CTA's shared tiles: [warp][0: its first tile, 1: its last][tile row]
   __shared__ float tile_parts[kOrWarps][2][kSums];
@@ -1522,24 +1534,30 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       load_tile_scales = scale_source + first_row * row_scales;
       load_rows = min(cta_row_count - first_row, kOrRows);
     };
-    const auto load_step = [&](uint2(&weights)[kOrRows], ScaleWord(&scales)[kOrRows]) {
+    const auto load_step = [&](uint2(&weights)[kOrRows], ScaleWord(&scales)[kScaleSlots]) {
       const uint8_t* weight = load_weight;
       // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
       const ScaleSource* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
       const bool lane_there = segment_in_row(load_s);
+      if constexpr (kRowPerLane) {  // row t's code alone (0 past the CTA's rows and the row's end, as below)
+        scales[0] = t < load_rows && lane_there ? load_once_scale(scale + t * row_scales) : 0;
+      }
       if (load_rows == kOrRows && lane_there) {  // every step but a short last tile's and a half step's upper lanes
 #pragma unroll
         for (int r = 0; r < kOrRows; ++r) {
-          weights[r] = load_once_8(weight), scales[r] = load_once_scale(scale);
+          weights[r] = load_once_8(weight);
+          if constexpr (!kRowPerLane) scales[r] = load_once_scale(scale);
           weight += row_bytes, scale += row_scales;
         }
       } else {
 #pragma unroll
         for (int r = 0; r < kOrRows; ++r) {
           if (r < load_rows && lane_there) {
-            weights[r] = load_once_8(weight), scales[r] = load_once_scale(scale);
+            weights[r] = load_once_8(weight);
+            if constexpr (!kRowPerLane) scales[r] = load_once_scale(scale);
           } else {  // past the CTA's rows (outputs dropped) or the row's end (x is zero there too): zeros
-            weights[r] = make_uint2(0, 0), scales[r] = 0;
+            weights[r] = make_uint2(0, 0);
+            if constexpr (!kRowPerLane) scales[r] = 0;
           }
           weight += row_bytes, scale += row_scales;
         }
@@ -1551,7 +1569,7 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
     // The ring of steps in flight, slot d holding steps d, d + kRing, ... (indexed by unrolled loops only,
     // so it stays in registers).
     uint2 ring_weights[kRing][kOrRows];
-    ScaleWord ring_scales[kRing][kOrRows];
+    ScaleWord ring_scales[kRing][kScaleSlots];
 #pragma unroll
     for (int d = 0; d < kRing; ++d) {
       if (d < count) load_step(ring_weights[d], ring_scales[d]);
@@ -1622,11 +1640,13 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         const int q = q0 + d;
         if (q >= count) break;
         const uint2(&weights)[kOrRows] = ring_weights[d];
-        const ScaleWord(&scales)[kOrRows] = ring_scales[d];
+        const ScaleWord(&scales)[kScaleSlots] = ring_scales[d];
 #ifdef NF4_OR_NO_DECODE  // timing build: the stream alone (every loaded value still feeds the result)
         uint32_t bits = 0;
 #pragma unroll
-        for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y ^ __float_as_uint(float(scales[r]));
+        for (int r = 0; r < kOrRows; ++r) bits ^= weights[r].x ^ weights[r].y;
+#pragma unroll
+        for (int r = 0; r < kScaleSlots; ++r) bits ^= __float_as_uint(float(scales[r]));
         acc[0][0] += __uint_as_float(bits & 0x3FFFFFFFu);
 #else
         // The row's scale for this lane's segment (nested: from the code loaded with the weights).
@@ -1634,14 +1654,27 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         if constexpr (kNested) {
           nested_first = nested_phase + tile * kOrRows * row_scales_int + ((s * kOrStep + 64 * g) >> blocksize_log2);
         }
-        const auto row_scale = [&](int r) -> float {
+        // Nested: tile row r's scale for the lane's segment from its code (slot `slot` of the ring).
+        const auto nested_scale = [&](int r, int slot) -> float {
           if constexpr (kNested) {
-            const int index = min((nested_first + r * row_scales_int) >> nested.nested_blocksize_log2, nested_blocks - 1);
-            const float value = BlockScales::nested_absmax_value(nested_code2[scales[r]], nested_absmax2[index],
+            const int index = min((nested_first + r * row_scales_int) >> nested.nested_blocksize_log2,
+                                  nested_blocks - 1);  // fmt: skip
+            const float value = BlockScales::nested_absmax_value(nested_code2[scales[slot]], nested_absmax2[index],
                                                                  nested_offset);
             // a half step's upper lanes lie past the row, in the next row's blocks: zero, as plain absmax loads
             // there, so that no value of the next row's (an Inf) reaches this row's sum
             return segment_in_row(s) ? value : 0.0f;
+          } else {
+            return 0.0f;  // plain absmax: unused
+          }
+        };
+        [[maybe_unused]] float own_scale = 0.0f;  // one row per lane: tile row t's, for lanes (g, 0..3) to share
+        if constexpr (kRowPerLane) own_scale = nested_scale(t, 0);
+        const auto row_scale = [&](int r) -> float {
+          if constexpr (kRowPerLane) {
+            return __shfl_sync(0xFFFFFFFFu, own_scale, 4 * g + r);
+          } else if constexpr (kNested) {
+            return nested_scale(r, r);
           } else {
             return scales[r];
           }

@@ -5,7 +5,7 @@
 # VARIANTS ("name=flags;name=flags"; a variant whose .gpu/csrc_<name> exists builds those sources instead of the
 # tree's csrc, e.g. an earlier commit's) in parallel; runs tests/test_gemv.py -k "$TESTS" on the tree and each variant
 # but one named base (MORE_TEST_FILES adds files); then timing passes in the order PASSES (labels) with
-# benchmarks/experiments/few_rows_times.py (ROWS) into $OUT/times.jsonl; prints each layer's mean per label against
+# benchmarks/experiments/few_rows_times.py (ROWS), or TIMES_SCRIPT (e.g. nested_times.py, its CASES), into $OUT/times.jsonl; prints each layer's mean per label against
 # the variant named base (or the tree); SANITIZE=1 adds memcheck and racecheck of the tree.
 #   VARIANTS="base=-DNF4_TC_WIDE_WARPS=16;w12=-DNF4_TC_WIDE_WARPS=12" TESTS="tensor_core or wide" ROWS=1,9,16 \
 #     PASSES="base tree w12 base tree w12" OUT=/tmp/out bash benchmarks/experiments/knob_ab.sh
@@ -36,7 +36,7 @@ done
 for label in ${PASSES}; do
   dir=$root; [ $label != tree ] && dir=/tmp/$label
   (cd $dir && PYTHONPATH=$root/.gpu/site:$dir timeout 150 \
-    python3 $root/benchmarks/experiments/few_rows_times.py $OUT/times.jsonl $label > /dev/null 2>&1)
+    python3 $root/${TIMES_SCRIPT:-benchmarks/experiments/few_rows_times.py} $OUT/times.jsonl $label > /dev/null 2>&1)
   echo "$label $((SECONDS-start)) s"
 done
 python3 benchmarks/experiments/ab_summary.py "$OUT/times.jsonl" | tee $OUT/summary.txt
