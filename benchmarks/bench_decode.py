@@ -19,13 +19,14 @@ CUDA events; the weights of a step (about 0.9-3.4 GB) do not fit in L2, so each 
     python benchmarks/bench_decode.py [--layers 2] [--batch 1 16] [--compile] [--out DIR]
 
 Prints a table last (ms per step, the decoder linear layers' weight bytes, those bytes per step time, speedups)
-and writes DIR/decode.json and DIR/decode.png. On a CPU (no CUDA graphs) it times the steps eagerly, with
+and writes DIR/decode.json and DIR/decode.png. On a CPU (no CUDA graphs) it times the step's calls directly, with
 `--layers 1` and a 1024-wide model by default: a smoke run of the same code, not a measurement of the project.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -128,7 +129,11 @@ def decode_step_ms(model, config, batch: int, prompt: int, context: int, device:
 
         if compiled:
             torch._dynamo.reset()  # a fresh compile for each variant (patch swaps the layers' forward)
+            torch._dynamo.utils.counters.clear()  # main reports this variant's compiled graphs
         forward = torch.compile(model, fullgraph=True) if compiled else model
+        # after the warm-up, a compiled step that would compile again is an error, not a silent eager run or a
+        # recompile inside the capture or the timing
+        settled = (lambda: torch.compiler.set_stance("fail_on_recompile")) if compiled else contextlib.nullcontext
 
         def step():
             return forward(**kwargs).logits
@@ -136,10 +141,11 @@ def decode_step_ms(model, config, batch: int, prompt: int, context: int, device:
         if device == "cpu":
             step()
             times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                step()
-                times.append((time.perf_counter() - start) * 1e3)
+            with settled():
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    step()
+                    times.append((time.perf_counter() - start) * 1e3)
             return statistics.median(times)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -148,7 +154,7 @@ def decode_step_ms(model, config, batch: int, prompt: int, context: int, device:
                 step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with settled(), torch.cuda.graph(graph):
             step()
         graph.replay()
         times = []
@@ -242,6 +248,9 @@ def main() -> None:
                                                args.repeats, args.compile)  # fmt: skip
                 print(f"[decode] batch {batch} {variant}: {step[variant]:.3f} ms ({time.time() - start:.1f} s)",
                       flush=True)  # fmt: skip
+                if args.compile:  # the graphs Dynamo compiled for the step (fullgraph: 1 when nothing recompiled)
+                    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+                    results.setdefault("compiled_graphs", {})[f"batch {batch} {variant}"] = graphs
             except RuntimeError as error:  # e.g. a capture that a variant's forward breaks: reported, not hidden
                 step[variant] = None
                 results.setdefault("errors", {})[f"batch {batch} {variant}"] = str(error)[:500]

@@ -28,6 +28,8 @@ def test_decode_benchmark_times_every_variant(tmp_path, compiled):
     results = json.loads((tmp_path / "decode.json").read_text())
     assert "errors" not in results, results["errors"]
     assert results["compiled"] is compiled
+    if compiled:  # each variant's step compiled as one graph, which ran without compiling again
+        assert set(results["compiled_graphs"].values()) == {1}, results["compiled_graphs"]
     for batch in ("1", "2"):
         assert set(results["steps"][batch]) == {"bf16", "bitsandbytes", "nf4-ops"}
         assert all(ms > 0 for ms in results["steps"][batch].values()), results["steps"][batch]

@@ -1,8 +1,10 @@
 """Where a decode step's GPU time goes: bench_decode's model (Llama-3.3-70B layer shapes) at one batch size, each
 variant's step (compiled with fullgraph unless --eager) run under torch.profiler after warm-up, its kernels summed by
-name. Prints per variant: kernels per step, GPU µs per step by group (the linear layers' kernels: nf4-ops' or
-bitsandbytes' or cuBLAS's; everything else), and the top kernels. Profiled calls are not graph replays, so the gaps
-between kernels are the host's; the kernel durations are the GPU's.
+name. Prints per variant: kernels per step, GPU µs per step by group (KERNEL_GROUPS: nf4-ops', bitsandbytes' and
+cuBLAS's kernels, the last including the bf16 lm head's and the rotary embedding's small fp32 matmul; the rest, most
+of it Inductor's fused kernels, attention and copies), and the top kernels. Inductor names its fused kernels after the
+ops they hold (`triton_..._gemv_mul_silu`), so those count as "other" whatever their names contain. Profiled calls
+are not graph replays, so the gaps between kernels are the host's; the kernel durations are the GPU's.
 
     python benchmarks/experiments/decode_kernels.py [--batch 1] [--layers 2] [--eager] [--steps 5]
 """
@@ -21,8 +23,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nf4_ops  # noqa: E402
 from bench_decode import VARIANTS, build_models  # noqa: E402
 
-LINEAR_KERNEL_WORDS = ("gemv", "add_tile_parts", "dequantize", "kgemm_4bit", "kdequantize", "gemm", "cutlass",
-                       "nvjet", "xmma")  # fmt: skip
+# (group, words in a kernel's name): the first group with a word in the name takes it; "other" takes the rest
+KERNEL_GROUPS = (("nf4-ops", ("nf4::",)), ("bitsandbytes", ("gemm_4bit", "kDequantize", "kgemm_4bit")),
+                 ("cuBLAS", ("nvjet", "cublas", "cutlass", "xmma", "gemm")))  # fmt: skip
+
+
+def kernel_group(name: str) -> str:
+    if name.startswith("triton_"):  # Inductor's, named after the ops it fused
+        return "other"
+    return next((group for group, words in KERNEL_GROUPS if any(word in name for word in words)), "other")
+
+
+def profile_steps(model, config, args) -> torch.profiler.profile:
+    """args.steps decode steps after a prefill and 3 warm-up steps, as bench_decode runs them (a static cache, the
+    prefill eager), under torch.profiler."""
+    cache = transformers.StaticCache(config=config, max_cache_len=args.context)
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.prompt), device="cuda")
+    torch._dynamo.reset()
+    forward = model if args.eager else torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        model(input_ids=ids, cache_position=torch.arange(args.prompt, device="cuda"), past_key_values=cache)
+        position = torch.tensor([args.prompt], device="cuda")
+        kwargs = dict(input_ids=ids[:, :1], cache_position=position, position_ids=position.expand(args.batch, 1),
+                      past_key_values=cache)  # fmt: skip
+        for _ in range(3):
+            forward(**kwargs)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+            for _ in range(args.steps):
+                forward(**kwargs)
+            torch.cuda.synchronize()
+    return profile
 
 
 def main() -> None:
@@ -35,38 +66,29 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="eager ops (default: compiled with fullgraph)")
     parser.add_argument("--top", type=int, default=12)
     args = parser.parse_args()
+    if args.prompt + 3 + args.steps > args.context:  # the static cache takes one position per call (bench_decode)
+        parser.error(f"--context {args.context} holds fewer than the prompt and the {3 + args.steps} steps")
     config, dense, quantized = build_models("cuda", args.layers, "sdpa")
     for variant in VARIANTS:
         model = dense if variant == "bf16" else quantized
         if variant == "nf4-ops":
             nf4_ops.patch(model)
-        cache = transformers.StaticCache(config=config, max_cache_len=args.context)
-        ids = torch.randint(0, config.vocab_size, (args.batch, args.prompt), device="cuda")
-        torch._dynamo.reset()
-        forward = model if args.eager else torch.compile(model, fullgraph=True)
-        with torch.no_grad():
-            model(input_ids=ids, cache_position=torch.arange(args.prompt, device="cuda"), past_key_values=cache)
-            position = torch.tensor([args.prompt], device="cuda")
-            kwargs = dict(input_ids=ids[:, :1], cache_position=position, position_ids=position.expand(args.batch, 1),
-                          past_key_values=cache)  # fmt: skip
-            for _ in range(3):
-                forward(**kwargs)
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-                for _ in range(args.steps):
-                    forward(**kwargs)
-                torch.cuda.synchronize()
-        if variant == "nf4-ops":
-            nf4_ops.unpatch(model)
+        try:
+            profile = profile_steps(model, config, args)
+        finally:
+            if variant == "nf4-ops":
+                nf4_ops.unpatch(model)
         totals, counts = collections.Counter(), collections.Counter()
         for event in profile.events():
             if event.device_type == torch.autograd.DeviceType.CUDA:
                 totals[event.name] += event.device_time / args.steps
                 counts[event.name] += 1 / args.steps
-        linear = sum(t for name, t in totals.items() if any(w in name.lower() for w in LINEAR_KERNEL_WORDS))
+        groups = collections.Counter()
+        for name, total in totals.items():
+            groups[kernel_group(name)] += total
         print(f"\n== {variant}, batch {args.batch}, {'eager' if args.eager else 'compiled'}: "
-              f"{round(sum(counts.values()))} kernels a step, {sum(totals.values()):.1f} µs of kernels "
-              f"(linear layers' {linear:.1f}, the rest {sum(totals.values()) - linear:.1f})")  # fmt: skip
+              f"{round(sum(counts.values()))} GPU events a step (kernels, copies), {sum(totals.values()):.1f} µs: "
+              + ", ".join(f"{group} {total:.1f}" for group, total in groups.most_common()))  # fmt: skip
         for name, total in totals.most_common(args.top):
             print(f"  {total:8.1f} µs  x{counts[name]:5.1f}  {name[:110]}")
 

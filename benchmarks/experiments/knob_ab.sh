@@ -1,12 +1,13 @@
 # A/B of build-knob variants against the tree, the way NOTES gemv rows 91-95 ran them on the GPU machine: a
 # quicker cousin of scripts/gpu_ab.sh (which applies patches and runs the whole benchmark), for -D knobs and
-# several variants at once, timed by few_rows_times.py only.
+# several variants at once, timed by few_rows_times.py (or TIMES_SCRIPT) only.
 # It needs bitsandbytes in .gpu/site, as ../shared/docs/gpu.md says. Builds the tree (label "tree", no flags) and
 # VARIANTS ("name=flags;name=flags"; a variant whose .gpu/csrc_<name> exists builds those sources instead of the
 # tree's csrc, e.g. an earlier commit's) in parallel; runs tests/test_gemv.py -k "$TESTS" on the tree and each variant
 # but one named base (MORE_TEST_FILES adds files); then timing passes in the order PASSES (labels) with
-# benchmarks/experiments/few_rows_times.py (ROWS), or TIMES_SCRIPT (e.g. nested_times.py, its CASES), into $OUT/times.jsonl; prints each layer's mean per label against
-# the variant named base (or the tree); SANITIZE=1 adds memcheck and racecheck of the tree.
+# benchmarks/experiments/few_rows_times.py (ROWS), or TIMES_SCRIPT (a path from the root, e.g.
+# benchmarks/experiments/nested_times.py with its CASES), into $OUT/times.jsonl; prints each layer's mean per label
+# against the variant named base (or the tree); SANITIZE=1 adds memcheck and racecheck of the tree.
 #   VARIANTS="base=-DNF4_TC_WIDE_WARPS=16;w12=-DNF4_TC_WIDE_WARPS=12" TESTS="tensor_core or wide" ROWS=1,9,16 \
 #     PASSES="base tree w12 base tree w12" OUT=/tmp/out bash benchmarks/experiments/knob_ab.sh
 set -uo pipefail
