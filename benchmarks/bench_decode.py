@@ -107,26 +107,32 @@ def decode_steps(replays: int, repeats: int) -> int:
     return 4 + replays * repeats
 
 
+def prefilled_step_inputs(model, config, batch: int, prompt: int, context: int, device: str) -> dict:
+    """Prefills a static cache of `context` positions with `prompt` random tokens per sequence (eager, as
+    transformers' generate runs the prefill; call under torch.no_grad()) and returns the keyword arguments of the
+    decode step after it (1 token per sequence)."""
+    # transformers' static cache writes each call at its own running count of tokens (a device counter that every
+    # call moves on, whatever cache_position says; its index_copy_ asserts past the end), so the cache must hold every
+    # call made with these inputs (the callers check). The step's attention reads the whole static cache, filled or
+    # not, so its time does not depend on how many of them came before.
+    cache = transformers.StaticCache(config=config, max_cache_len=context)
+    generator = torch.Generator().manual_seed(batch)
+    prompt_ids = torch.randint(0, config.vocab_size, (batch, prompt), generator=generator).to(device)
+    model(input_ids=prompt_ids, cache_position=torch.arange(prompt, device=device), past_key_values=cache,
+          use_cache=True)  # fmt: skip
+    ids = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
+    position = torch.tensor([prompt], device=device)
+    return dict(input_ids=ids, cache_position=position, position_ids=position.expand(batch, 1), past_key_values=cache,
+                use_cache=True)  # fmt: skip
+
+
 def decode_step_ms(model, config, batch: int, prompt: int, context: int, device: str, replays: int, repeats: int,
                    compiled: bool) -> float:  # fmt: skip
     """Median ms of one decode step (1 token per sequence) after a prefill of `prompt` tokens, against a static cache
     of `context` positions: CUDA-graph replays on a GPU, calls on a CPU; the step compiled with fullgraph when
     `compiled` (the prefill eager, as transformers' generate runs it)."""
-    # transformers' static cache writes each call at its own running count of tokens (a device counter that every
-    # call moves on, whatever cache_position says; its index_copy_ asserts past the end), so the cache must hold every
-    # call this function makes (main checks). The step's attention reads the whole static cache, filled or not, so
-    # its time does not depend on how many of them came before.
-    cache = transformers.StaticCache(config=config, max_cache_len=context)
-    generator = torch.Generator().manual_seed(batch)
-    prompt_ids = torch.randint(0, config.vocab_size, (batch, prompt), generator=generator).to(device)
     with torch.no_grad():
-        model(input_ids=prompt_ids, cache_position=torch.arange(prompt, device=device), past_key_values=cache,
-              use_cache=True)  # fmt: skip
-        ids = torch.randint(0, config.vocab_size, (batch, 1), generator=generator).to(device)
-        position = torch.tensor([prompt], device=device)
-        kwargs = dict(input_ids=ids, cache_position=position, position_ids=position.expand(batch, 1),
-                      past_key_values=cache, use_cache=True)  # fmt: skip
-
+        kwargs = prefilled_step_inputs(model, config, batch, prompt, context, device)
         if compiled:
             torch._dynamo.reset()  # a fresh compile for each variant (patch swaps the layers' forward)
             torch._dynamo.utils.counters.clear()  # main reports this variant's compiled graphs

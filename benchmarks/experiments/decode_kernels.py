@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 import torch
-import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import nf4_ops  # noqa: E402
-from bench_decode import VARIANTS, build_models  # noqa: E402
+from bench_decode import VARIANTS, build_models, prefilled_step_inputs  # noqa: E402
 
 # (group, words in a kernel's name): the first group with a word in the name takes it; "other" takes the rest
 KERNEL_GROUPS = (("nf4-ops", ("nf4::",)), ("bitsandbytes", ("gemm_4bit", "kDequantize", "kgemm_4bit")),
@@ -37,15 +36,10 @@ def kernel_group(name: str) -> str:
 def profile_steps(model, config, args) -> torch.profiler.profile:
     """args.steps decode steps after a prefill and 3 warm-up steps, as bench_decode runs them (a static cache, the
     prefill eager), under torch.profiler."""
-    cache = transformers.StaticCache(config=config, max_cache_len=args.context)
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.prompt), device="cuda")
     torch._dynamo.reset()
     forward = model if args.eager else torch.compile(model, fullgraph=True)
     with torch.no_grad():
-        model(input_ids=ids, cache_position=torch.arange(args.prompt, device="cuda"), past_key_values=cache)
-        position = torch.tensor([args.prompt], device="cuda")
-        kwargs = dict(input_ids=ids[:, :1], cache_position=position, position_ids=position.expand(args.batch, 1),
-                      past_key_values=cache)  # fmt: skip
+        kwargs = prefilled_step_inputs(model, config, args.batch, args.prompt, args.context, "cuda")
         for _ in range(3):
             forward(**kwargs)
         torch.cuda.synchronize()
