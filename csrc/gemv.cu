@@ -601,6 +601,9 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
 // may be null.
 // (kCtaPerTile is a template argument, not a runtime flag, because the flag cost the 1-n-tile loop two more
 // register spills.)
+#ifndef NF4_TC_DIAG
+#define NF4_TC_DIAG 0  // timing builds only, wrong results (NOTES gemv row 133): one CTA per tile with 1: every turn
+#endif                 // reads turn 0's x, 2: no decode, 3: no turns
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
@@ -716,15 +719,20 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   // Each turn: request the turn kTcStages - 1 ahead into the stage the previous turn used, wait for this
   // turn's copies, decode it. The warp-wide syncs make every lane's copies visible to the others, and keep
   // a stage from being refilled while a lane still reads it.
-  for (int64_t q = 0; q < count; ++q) {
+  const int64_t loop_count = kCtaPerTile && NF4_TC_DIAG == 3 ? 0 : count;
+  const T* const x_diag = x + x_row * cols + 16 * t;
+  for (int64_t q = 0; q < loop_count; ++q) {
     if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1, tile, s + kTcStages - 1);
     copy_async_commit();
     copy_async_wait<kTcStages - 1>();
     __syncwarp();
     const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes;
     // (the tile's rows past the end of W are zeros; their outputs are dropped)
-    tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_turn, x_lane,
-                                               lut_shared, lane4, blocksize_log2, blocks, nested, acc);
+    if (!(kCtaPerTile && NF4_TC_DIAG == 2)) {
+      tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t,
+                                                 kCtaPerTile && NF4_TC_DIAG == 1 ? x_diag : x_turn, x_lane,
+                                                 lut_shared, lane4, blocksize_log2, blocks, nested, acc);
+    }
     if (!kCtaPerTile && (s + 1 == turns || q + 1 == count)) flush(part_begin == 0 && s + 1 == turns);
     x_turn += kTcTurn;
     if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;
