@@ -525,6 +525,9 @@ __device__ __forceinline__ AccPosition acc_position(int mt, int nt, int i, int g
   return AccPosition{nt * 8 + 2 * t + i % 2, kTcMmaRows * mt + g + (i >= 2 ? 8 : 0)};
 }
 
+#ifndef NF4_TC_DIAG
+#define NF4_TC_DIAG 0  // timing builds only, wrong results (NOTES gemv row 133): one CTA per tile with 1: every turn
+#endif                 // reads turn 0's x, 2: no decode, 3: no turns, 4: no turns and no cluster syncs
 // The end of tc_gemv_kernel with one CTA per tile, or one cluster of CTAs per tile (tile blockIdx.x / the
 // cluster's size, shared out over the cluster's warps in CTA order): each warp puts its sums (zeros if it had
 // no turns) into its own ring of stages, whose copies have all landed, as [x row][tile row] fp32; then the
@@ -557,6 +560,7 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int ctas = static_cast<int>(cluster.num_blocks());
   if (ctas > 1) {  // a cluster per tile: its first CTA adds every CTA's parts, the others' through their addresses
+    if (NF4_TC_DIAG == 4) return;
     cluster.sync();  // every CTA of the cluster has written its parts
     if (cluster.block_rank() == 0) {
       const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
@@ -601,9 +605,6 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
 // may be null.
 // (kCtaPerTile is a template argument, not a runtime flag, because the flag cost the 1-n-tile loop two more
 // register spills.)
-#ifndef NF4_TC_DIAG
-#define NF4_TC_DIAG 0  // timing builds only, wrong results (NOTES gemv row 133): one CTA per tile with 1: every turn
-#endif                 // reads turn 0's x, 2: no decode, 3: no turns
 template <typename T, int kMTiles, int kNTiles, bool kNested, bool kCtaPerTile>
 __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps * 32, 1)
     tc_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
@@ -719,7 +720,7 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   // Each turn: request the turn kTcStages - 1 ahead into the stage the previous turn used, wait for this
   // turn's copies, decode it. The warp-wide syncs make every lane's copies visible to the others, and keep
   // a stage from being refilled while a lane still reads it.
-  const int64_t loop_count = kCtaPerTile && NF4_TC_DIAG == 3 ? 0 : count;
+  const int64_t loop_count = kCtaPerTile && NF4_TC_DIAG >= 3 ? 0 : count;
   const T* const x_diag = x + x_row * cols + 16 * t;
   for (int64_t q = 0; q < loop_count; ++q) {
     if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1, tile, s + kTcStages - 1);
@@ -1782,11 +1783,14 @@ int prepare_tc_kernel() {
 // rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6% faster on
 // an H200), where the cluster's launch and barriers cost more than the halved turns save.
 // `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
-constexpr int kTcTileCluster = 2;
+#ifndef NF4_TC_TILE_CLUSTER
+#define NF4_TC_TILE_CLUSTER 2
+#endif
+constexpr int kTcTileCluster = NF4_TC_TILE_CLUSTER;
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
                     int warps, int shared_bytes, cudaStream_t stream) {
-  if (at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= warps) return 1;
+  if (kTcTileCluster < 2 || at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= warps) return 1;
   const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
     const LaunchConfig launch(dim3(kTcTileCluster), warps * 32, shared_bytes, stream, kTcTileCluster, false);
     int count = 0;
