@@ -211,6 +211,24 @@ struct TileShape {
   static constexpr int kStageBytes = kStageWeightBytes + kRows * kTcRowScaleBytes;
 };
 
+constexpr int kMbarrierBytes = 8;  // an mbarrier object in shared memory (PTX: .b64)
+// CTAs per tile where one-CTA-per-tile launches take a cluster per tile (tc_tile_cluster).
+#ifndef NF4_TC_TILE_CLUSTER
+#define NF4_TC_TILE_CLUSTER 2
+#endif
+constexpr int kTcTileCluster = NF4_TC_TILE_CLUSTER;
+// One CTA per tile in a cluster of CTAs (tc_tile_cluster, sm_90): the other CTAs push their warps' parts into the
+// first CTA's shared memory with st.async, each store counted by the first CTA's mbarrier, and leave; the first CTA
+// waits on that mbarrier alone. Where the first CTA read the others' parts through distributed shared memory between
+// two cluster.sync()s, the calls at 9-16 rows spent ~1.9 us on that end (NOTES gemv row 133b), which no turn paid.
+// The parts are added in the same order either way, so the bits are the same.
+#ifndef NF4_TC_CLUSTER_PUSH
+#define NF4_TC_CLUSTER_PUSH 1
+#endif
+constexpr bool kTcClusterPush = NF4_TC_CLUSTER_PUSH != 0;
+// The bytes of one warp's part (x rows x tile rows fp32) as a lane pushes it: all of its accumulators.
+template <int kNTiles>
+constexpr int kTcPushedPartBytes = 32 * 4 * kNTiles * int(sizeof(float));
 // One CTA of a tensor-core launch: its warps and its shared memory (the table, the nested map, a ring per warp).
 // One CTA per tile takes only 16-row tiles.
 template <int kMTiles, int kNTiles, bool kCtaPerTile>
@@ -218,8 +236,12 @@ struct TcCta {
   static_assert(!kCtaPerTile || kMTiles == 1, "one CTA per tile: 16-row tiles");
   static constexpr int kWarps =
       kMTiles == 2 ? kTcWideWarps : (kCtaPerTile && kNTiles == 2 ? kTcCtaPerTileWideXWarps : kTcWarps);
+  static constexpr int kRingsBytes = kWarps * kTcStages * TileShape<kMTiles>::kStageBytes;
+  // With a cluster per tile (two n-tiles only), the parts the other CTAs push, then the mbarrier that counts them.
+  static constexpr bool kPush = kCtaPerTile && kNTiles == 2 && kTcClusterPush;
+  static constexpr int kPushedBytes = kPush ? (kTcTileCluster - 1) * kWarps * kTcPushedPartBytes<kNTiles> : 0;
   static constexpr int kSharedBytes =
-      kCodePairTableBytes + kTcCode2Bytes + kWarps * kTcStages * TileShape<kMTiles>::kStageBytes;
+      kCodePairTableBytes + kTcCode2Bytes + kRingsBytes + kPushedBytes + (kPush ? kMbarrierBytes : 0);
 };
 
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
@@ -525,6 +547,58 @@ __device__ __forceinline__ AccPosition acc_position(int mt, int nt, int i, int g
   return AccPosition{nt * 8 + 2 * t + i % 2, kTcMmaRows * mt + g + (i >= 2 ? 8 : 0)};
 }
 
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// The shared::cluster address of `local` (a shared-window address of this CTA) in the cluster's CTA `rank`.
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, uint32_t rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+__device__ __forceinline__ void push_float(uint32_t remote, float value, uint32_t remote_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote),
+               "r"(__float_as_uint(value)), "r"(remote_bar)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait_parity_cluster(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_cluster:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_cluster;\n}\n" ::"r"(bar), "r"(parity)
+      : "memory");
+}
+#endif
+
+// The first CTA of a cluster sets up the mbarrier that counts the parts the others push (add_warp_parts), expecting
+// all their bytes; every CTA then arrives at the cluster barrier, which the others wait on before they push.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* rings) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Cta = TcCta<kMTiles, kNTiles, true>;
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  const unsigned ctas = cluster.num_blocks();
+  if (ctas < 2) return;
+  if (cluster.block_rank() == 0 && threadIdx.x == 0) {
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(rings + Cta::kRingsBytes + Cta::kPushedBytes));
+    mbarrier_init(bar, 1);
+    mbarrier_expect_bytes(bar, (ctas - 1) * Cta::kWarps * kTcPushedPartBytes<kNTiles>);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  cluster_arrive_release();
+#endif
+}
+
 #ifndef NF4_TC_DIAG
 #define NF4_TC_DIAG 0  // timing builds only, wrong results (NOTES gemv row 133): one CTA per tile with 1: every turn
 #endif                 // reads turn 0's x, 2: no decode, 3: no turns, 4: no turns and no cluster syncs
@@ -559,6 +633,45 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int ctas = static_cast<int>(cluster.num_blocks());
+  if (TcCta<kMTiles, kNTiles, true>::kPush && ctas > 1) {  // the other CTAs push their parts to the first one
+    if (NF4_TC_DIAG == 4) return;
+    const uint8_t* pushed = rings + TcCta<kMTiles, kNTiles, true>::kRingsBytes;
+    const uint32_t bar = static_cast<uint32_t>(
+        __cvta_generic_to_shared(pushed + TcCta<kMTiles, kNTiles, true>::kPushedBytes));
+    const unsigned rank = cluster.block_rank();
+    constexpr int kPartBytes = kTcPushedPartBytes<kNTiles>;
+    if (rank != 0) {
+      cluster_wait_acquire();  // the first CTA's mbarrier is set up (tc_cluster_push_setup)
+      const uint32_t remote_bar = cluster_address(bar, 0);
+      const uint32_t part = cluster_address(
+          static_cast<uint32_t>(__cvta_generic_to_shared(pushed)) + ((rank - 1) * kWarps + threadIdx.x / 32) * kPartBytes,
+          0);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const auto [m, r] = acc_position(0, nt, i, g, t);
+          push_float(part + (m * Tile::kRows + r) * sizeof(float), acc[0][nt][i], remote_bar);
+        }
+      }
+      return;
+    }
+    cluster_wait_acquire();
+    __syncthreads();  // this CTA's parts are in its rings
+    mbarrier_wait_parity_cluster(bar, 0);  // and the other CTAs' have landed
+    const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
+    for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
+      const int r = i % Tile::kRows;
+      if (first_row + r >= rows) continue;
+      float sum = reinterpret_cast<const float*>(rings)[i];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
+      for (int w = 0; w < (ctas - 1) * kWarps; ++w) sum += reinterpret_cast<const float*>(pushed + w * kPartBytes)[i];
+      const int64_t n = first_row + r;
+      out[(i / Tile::kRows) * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
+    }
+    return;
+  }
   if (ctas > 1) {  // a cluster per tile: its first CTA adds every CTA's parts, the others' through their addresses
     if (NF4_TC_DIAG == 4) return;
     cluster.sync();  // every CTA of the cluster has written its parts
@@ -668,6 +781,9 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
     copy_async_commit();
   }
 
+  if constexpr (TcCta<kMTiles, kNTiles, kCtaPerTile>::kPush) {
+    tc_cluster_push_setup<kMTiles, kNTiles>(tc_shared + kCodePairTableBytes + kTcCode2Bytes);
+  }
   const NestedDecode nested = fill_decode_tables<T, kNested>(lut, code2, quant_type, scales);
   __syncthreads();
 
@@ -936,7 +1052,6 @@ constexpr int kWgWarps = 4 * kWgGroups;
 constexpr int kWgTileRows = 4 * kTcMmaRows;      // wgmma's M
 constexpr int kWgMinXRows = NF4_WG_MIN_X_ROWS;
 constexpr int kWgXCoreBytes = 128;               // a core matrix of wgmma's B: 8 rows of x x 8 k values
-constexpr int kMbarrierBytes = 8;                // an mbarrier object in shared memory (PTX: .b64)
 // wgmma's B for k-tile j of step u: kN rows of x x 16 k, as core matrices (K-major, no swizzle): the two along K
 // (logical k 0-7, 8-15) kWgXCoreBytes apart (the descriptor's leading byte offset), the ones along N (x rows 0-7,
 // 8-15) 2 x kWgXCoreBytes apart (its stride byte offset).
@@ -969,9 +1084,6 @@ struct WgShape {
 
 // The x stages' "full" barriers (mbarriers in shared memory, one per stage): each of the team's threads arrives once
 // it has stored and fenced its part of the stage, and waits on the phase before the stage's first wgmma.
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
@@ -1783,10 +1895,6 @@ int prepare_tc_kernel() {
 // rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6% faster on
 // an H200), where the cluster's launch and barriers cost more than the halved turns save.
 // `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
-#ifndef NF4_TC_TILE_CLUSTER
-#define NF4_TC_TILE_CLUSTER 2
-#endif
-constexpr int kTcTileCluster = NF4_TC_TILE_CLUSTER;
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
                     int warps, int shared_bytes, cudaStream_t stream) {
