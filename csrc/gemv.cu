@@ -217,6 +217,13 @@ constexpr int kMbarrierBytes = 8;  // an mbarrier object in shared memory (PTX: 
 #define NF4_TC_TILE_CLUSTER 2
 #endif
 constexpr int kTcTileCluster = NF4_TC_TILE_CLUSTER;
+// Only where one CTA's warps would take more than this many turns each: a cluster's launch and end cost ~2 us a call
+// on an H100 however they are done, which the halved turns buy back on Llama's k/v (32 turns a tile, 3 a warp
+// without a cluster) and not on Qwen's (20, 2 a warp) (NOTES gemv row 134).
+#ifndef NF4_TC_TILE_CLUSTER_MIN_TURNS
+#define NF4_TC_TILE_CLUSTER_MIN_TURNS 2
+#endif
+constexpr int kTcTileClusterMinTurns = NF4_TC_TILE_CLUSTER_MIN_TURNS;
 // One CTA per tile in a cluster of CTAs (tc_tile_cluster, sm_90): the other CTAs push their warps' parts into the
 // first CTA's shared memory with st.async, each store counted by the first CTA's mbarrier, and leave; the first CTA
 // waits on that mbarrier alone. Where the first CTA read the others' parts through distributed shared memory between
@@ -226,9 +233,17 @@ constexpr int kTcTileCluster = NF4_TC_TILE_CLUSTER;
 #define NF4_TC_CLUSTER_PUSH 1
 #endif
 constexpr bool kTcClusterPush = NF4_TC_CLUSTER_PUSH != 0;
-// The bytes of one warp's part (x rows x tile rows fp32) as a lane pushes it: all of its accumulators.
+// The floats of one warp's part (x rows x tile rows) as its lanes push it: all of their accumulators.
 template <int kNTiles>
-constexpr int kTcPushedPartBytes = 32 * 4 * kNTiles * int(sizeof(float));
+constexpr int kTcPushedPartFloats = 32 * 4 * kNTiles;
+// Where pushed float f (warp w's part of the other CTAs, in CTA then warp order, at w * kTcPushedPartFloats) sits
+// in the table: 32 floats in each entry's free last 128 bytes. The mbarrier sits in the last entry's.
+__host__ __device__ constexpr int pushed_float_offset(int f) {
+  return f / 32 * kCodePairEntryBytes + kCodePairEntryBytes / 2 + f % 32 * int(sizeof(float));
+}
+constexpr int kTcPushBarrierOffset = 255 * kCodePairEntryBytes + kCodePairEntryBytes / 2;
+static_assert((kTcTileCluster - 1) * kTcCtaPerTileWideXWarps * kTcPushedPartFloats<2> / 32 < 255,
+              "the pushed parts fit the table's free halves below the mbarrier's");
 // One CTA of a tensor-core launch: its warps and its shared memory (the table, the nested map, a ring per warp).
 // One CTA per tile takes only 16-row tiles.
 template <int kMTiles, int kNTiles, bool kCtaPerTile>
@@ -236,12 +251,12 @@ struct TcCta {
   static_assert(!kCtaPerTile || kMTiles == 1, "one CTA per tile: 16-row tiles");
   static constexpr int kWarps =
       kMTiles == 2 ? kTcWideWarps : (kCtaPerTile && kNTiles == 2 ? kTcCtaPerTileWideXWarps : kTcWarps);
-  static constexpr int kRingsBytes = kWarps * kTcStages * TileShape<kMTiles>::kStageBytes;
-  // With a cluster per tile (two n-tiles only), the parts the other CTAs push, then the mbarrier that counts them.
-  static constexpr bool kPush = kCtaPerTile && kNTiles == 2 && kTcClusterPush;
-  static constexpr int kPushedBytes = kPush ? (kTcTileCluster - 1) * kWarps * kTcPushedPartBytes<kNTiles> : 0;
   static constexpr int kSharedBytes =
-      kCodePairTableBytes + kTcCode2Bytes + kRingsBytes + kPushedBytes + (kPush ? kMbarrierBytes : 0);
+      kCodePairTableBytes + kTcCode2Bytes + kWarps * kTcStages * TileShape<kMTiles>::kStageBytes;
+  // With a cluster per tile (two n-tiles only), the parts the other CTAs push and the mbarrier that counts them go
+  // into the code pair table's free halves (code_pair_table.cuh), not more shared memory: 12 KB more took the
+  // carveout past 132 KB, less L1, and Gemma's k/v (no cluster) 8% slower at 16 rows (NOTES gemv row 134).
+  static constexpr bool kPush = kCtaPerTile && kNTiles == 2 && kTcClusterPush;
 };
 
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
@@ -583,16 +598,16 @@ __device__ __forceinline__ void mbarrier_wait_parity_cluster(uint32_t bar, uint3
 // The first CTA of a cluster sets up the mbarrier that counts the parts the others push (add_warp_parts), expecting
 // all their bytes; every CTA then arrives at the cluster barrier, which the others wait on before they push.
 template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* rings) {
+__device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* table) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cta = TcCta<kMTiles, kNTiles, true>;
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const unsigned ctas = cluster.num_blocks();
   if (ctas < 2) return;
   if (cluster.block_rank() == 0 && threadIdx.x == 0) {
-    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(rings + Cta::kRingsBytes + Cta::kPushedBytes));
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(table + kTcPushBarrierOffset));
     mbarrier_init(bar, 1);
-    mbarrier_expect_bytes(bar, (ctas - 1) * Cta::kWarps * kTcPushedPartBytes<kNTiles>);
+    mbarrier_expect_bytes(bar, (ctas - 1) * Cta::kWarps * kTcPushedPartFloats<kNTiles> * sizeof(float));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   cluster_arrive_release();
@@ -608,7 +623,8 @@ __device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* rings) {
 // cluster's first CTA adds the parts of every warp of the cluster in warp order (the other CTAs' through
 // distributed shared memory), adds the bias, and writes the tile's outputs.
 template <typename T, int kMTiles, int kNTiles>
-__device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], uint8_t* rings, int64_t rows,
+__device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], const uint8_t* table,
+                                               uint8_t* rings, int64_t rows,
                                                int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
   using Tile = TileShape<kMTiles>;
   constexpr int kWarps = TcCta<kMTiles, kNTiles, true>::kWarps;
@@ -635,30 +651,28 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
   const int ctas = static_cast<int>(cluster.num_blocks());
   if (TcCta<kMTiles, kNTiles, true>::kPush && ctas > 1) {  // the other CTAs push their parts to the first one
     if (NF4_TC_DIAG == 4) return;
-    const uint8_t* pushed = rings + TcCta<kMTiles, kNTiles, true>::kRingsBytes;
-    const uint32_t bar = static_cast<uint32_t>(
-        __cvta_generic_to_shared(pushed + TcCta<kMTiles, kNTiles, true>::kPushedBytes));
+    static_assert(!MmaOperand<T>::kSplit, "the pushed parts take the table's free halves, which split operands fill");
+    const uint32_t table_shared = static_cast<uint32_t>(__cvta_generic_to_shared(table));
     const unsigned rank = cluster.block_rank();
-    constexpr int kPartBytes = kTcPushedPartBytes<kNTiles>;
+    constexpr int kPartFloats = kTcPushedPartFloats<kNTiles>;
     if (rank != 0) {
       cluster_wait_acquire();  // the first CTA's mbarrier is set up (tc_cluster_push_setup)
-      const uint32_t remote_bar = cluster_address(bar, 0);
-      const uint32_t part = cluster_address(
-          static_cast<uint32_t>(__cvta_generic_to_shared(pushed)) + ((rank - 1) * kWarps + threadIdx.x / 32) * kPartBytes,
-          0);
+      const uint32_t remote_table = cluster_address(table_shared, 0);
+      const int part = ((rank - 1) * kWarps + threadIdx.x / 32) * kPartFloats;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const auto [m, r] = acc_position(0, nt, i, g, t);
-          push_float(part + (m * Tile::kRows + r) * sizeof(float), acc[0][nt][i], remote_bar);
+          push_float(remote_table + pushed_float_offset(part + m * Tile::kRows + r), acc[0][nt][i],
+                     remote_table + kTcPushBarrierOffset);
         }
       }
       return;
     }
     cluster_wait_acquire();
     __syncthreads();  // this CTA's parts are in its rings
-    mbarrier_wait_parity_cluster(bar, 0);  // and the other CTAs' have landed
+    mbarrier_wait_parity_cluster(table_shared + kTcPushBarrierOffset, 0);  // and the other CTAs' have landed
     const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
     for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
       const int r = i % Tile::kRows;
@@ -666,7 +680,9 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
       float sum = reinterpret_cast<const float*>(rings)[i];
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
-      for (int w = 0; w < (ctas - 1) * kWarps; ++w) sum += reinterpret_cast<const float*>(pushed + w * kPartBytes)[i];
+      for (int w = 0; w < (ctas - 1) * kWarps; ++w) {
+        sum += *reinterpret_cast<const float*>(table + pushed_float_offset(w * kPartFloats + i));
+      }
       const int64_t n = first_row + r;
       out[(i / Tile::kRows) * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
     }
@@ -782,7 +798,7 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   }
 
   if constexpr (TcCta<kMTiles, kNTiles, kCtaPerTile>::kPush) {
-    tc_cluster_push_setup<kMTiles, kNTiles>(tc_shared + kCodePairTableBytes + kTcCode2Bytes);
+    tc_cluster_push_setup<kMTiles, kNTiles>(tc_shared);
   }
   const NestedDecode nested = fill_decode_tables<T, kNested>(lut, code2, quant_type, scales);
   __syncthreads();
@@ -856,7 +872,8 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
     __syncwarp();
   }
   if constexpr (kCtaPerTile) {
-    add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared + kCodePairTableBytes + kTcCode2Bytes, rows, x_rows, bias, out);
+    add_warp_parts<T, kMTiles, kNTiles>(acc, tc_shared, tc_shared + kCodePairTableBytes + kTcCode2Bytes, rows, x_rows,
+                                        bias, out);
   }
 }
 
@@ -1898,7 +1915,10 @@ int prepare_tc_kernel() {
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
                     int warps, int shared_bytes, cudaStream_t stream) {
-  if (kTcTileCluster < 2 || at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 || turns <= warps) return 1;
+  if (kTcTileCluster < 2 || at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 ||
+      turns <= kTcTileClusterMinTurns * warps) {
+    return 1;
+  }
   const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
     const LaunchConfig launch(dim3(kTcTileCluster), warps * 32, shared_bytes, stream, kTcTileCluster, false);
     int count = 0;

@@ -50,8 +50,9 @@ def check_gemv(packed, args, rows, label, dtype=torch.bfloat16):
 def main():
     failures = 0
     # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
-    # one CTA per tile whose warps add their parts in shared memory (64 x 512, 40 x 4352; at 12 and 16 rows the
-    # latter takes a cluster of 2 CTAs per tile on sm_90, added through distributed shared memory), tiles shared by
+    # one CTA per tile whose warps add their parts in shared memory (64 x 512, 40 x 4352, 40 x 7424; at 12 and 16
+    # rows the last takes a cluster of 2 CTAs per tile on sm_90, the second pushing its parts into the first's shared
+    # memory with st.async: csrc/gemv.cu, tc_tile_cluster and add_warp_parts), tiles shared by
     # several CTAs' warps plus the kernel that adds their parts (40 x 17152: 67 turns per tile; on an H100 or H200 at
     # 5-16 rows the warpgroup kernel, which also takes 25640 x 512: about half the tiles taken whole, the rest
     # shared), few turns per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last
@@ -60,7 +61,8 @@ def main():
     # places, scalar stores; the last row a pair's first), an adding grid resident beside the warpgroup grid whose
     # CTAs take two tiles each (9616 x 5376 at 12-16 rows on an H100 or H200: csrc/gemv.cu launch_add_tile_parts);
     # the CUDA-core and scalar paths (K % 256 != 0, odd K, bs 32, misaligned).
-    cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 4352, 256, False, False),
+    cases = [(64, 512, 64, False, False), (40, 4352, 64, True, False), (40, 7424, 64, True, False),
+             (40, 7424, 256, False, False),
              (40, 17152, 64, True, False), (64 * 400 + 40, 512, 128, False, False),
              (40, 1024, 128, True, False), (24, 1280, 512, False, False), (40, 1280, 4096, True, False),
              (64, 320, 64, False, False), (64 * 150 + 13, 1280, 64, True, False),

@@ -120,10 +120,10 @@ def test_gemv_non_contiguous_x(rows, device):
 # an odd 17 turns per tile, so runs end on either stage of the ring; few rows with a long K (67 turns per
 # tile, more than one CTA per tile takes), so several warps share each tile and the second kernel adds their
 # fp32 parts. One CTA per tile (tc_cta_per_tile: no more tiles than SMs, at most 32 turns per tile), whose
-# warps add their parts in shared memory: 61 tiles of 21 turns, the last of 8 rows, which on sm_90 at 9-16 rows
-# of x take a cluster of 2 CTAs per tile (more turns than a CTA's 12 warps: tc_tile_cluster), whose first CTA
-# adds the second's parts through distributed shared memory (elsewhere one CTA, some warps taking 2 turns,
-# some 1); and
+# warps add their parts in shared memory: 61 tiles of 21 turns, the last of 8 rows (some warps taking 2 turns,
+# some 1), and 61 tiles of 29 turns, which on sm_90 at 9-16 rows of x take a cluster of 2 CTAs per tile (more
+# than 2 turns for each of a CTA's 12 warps: tc_tile_cluster), whose second CTA pushes its parts into the first's
+# shared memory (elsewhere one CTA, its warps taking 2-3 turns); and
 # 12 turns in all (3 tiles x 4), so that most warps get none. Each with its own blocksize: one,
 # two and four absmax blocks per turn are three ways of copying and reading the scales. (many_tiles' blocks of
 # 512 span rows at K = 4352, which also keeps its one row of x off the one-row kernel on any GPU: that kernel
@@ -132,6 +132,7 @@ TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel run
     "many_tiles": ((16 * 900 + 8, 256 * 17), 512, True),
     "k_slices": ((40, 256 * 67), 64, True),
     "cta_per_tile": ((16 * 60 + 8, 256 * 21), 64, False),
+    "cta_per_tile_cluster": ((16 * 60 + 8, 256 * 29), 64, False),
     "few_turns": ((40, 1024), 128, False),
     # an odd N: the adding kernel's outputs of an x row past the first start at odd places (no vector store), and the
     # last tile's last row is a pair's first (csrc/gemv.cu, kAddPartsOutputs)
@@ -141,8 +142,9 @@ TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel run
 
 # The CTAs per tile of a small-N layer's launch at 9-16 rows of x on sm_90 (csrc/gemv.cu, kTcTileCluster), where
 # the clusters of every tile fit on the GPU at once (the test's 61 tiles do on an H100 or H200), and the warps of
-# such a CTA (kTcCtaPerTileWideXWarps): a tile of more turns than that takes a cluster.
+# such a CTA (kTcCtaPerTileWideXWarps): a tile of more than kTcTileClusterMinTurns turns per warp takes a cluster.
 TILE_CLUSTER = 2
+TILE_CLUSTER_MIN_TURNS = 2
 CTA_PER_TILE_WIDE_X_WARPS = 12
 # The tensor-core kernel's 32-row tiles (csrc/gemv.cu): warps per CTA (kTcWideWarps) and the shared memory a CTA
 # takes (TcCta<2, 2, false>::kSharedBytes: the 64 KB table, the 1 KB nested map, 2 stages of 4.5 KB per warp).
@@ -238,7 +240,8 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     if not adds_parts:  # one CTA per tile, or a cluster of TILE_CLUSTER CTAs per tile (csrc/gemv.cu, tc_tile_cluster)
         tiles, turns = -(-shape[0] // 16), shape[1] // 256
         on_sm90 = torch.cuda.get_device_capability()[0] >= 9
-        cluster = TILE_CLUSTER if on_sm90 and turns > CTA_PER_TILE_WIDE_X_WARPS and rows > 8 else 1
+        takes_cluster = on_sm90 and turns > TILE_CLUSTER_MIN_TURNS * CTA_PER_TILE_WIDE_X_WARPS and rows > 8
+        cluster = TILE_CLUSTER if takes_cluster else 1
         assert launched_grids(profile, tmp_path, "tc_gemv_kernel") == [tiles * cluster]
     assert_gemv_close(out, x, packed, args, bias)
 
