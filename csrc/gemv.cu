@@ -146,9 +146,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // and few turns per tile: tc_cta_per_tile) take one CTA per tile instead: the same split with the grid
 // cut to one CTA per tile keeps each tile's warps in one CTA, and they add their parts in shared memory,
 // so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Where that would leave SMs idle
-// (Llama's and Qwen's k/v: 64 tiles) at 9-16 rows of x, each tile takes a cluster of CTAs on sm_90
-// (tc_tile_cluster), and the cluster's first CTA adds the others' parts through distributed shared memory
-// (row 56). Every order is
+// and each warp 3 turns or more (Llama's k/v: 64 tiles of 32 turns) at 9-16 rows of x, each tile takes a cluster
+// of CTAs on sm_90 (tc_tile_cluster), whose other CTAs push their parts into the first one's shared memory
+// (rows 56, 134). Every order is
 // fixed, so the result is the same on every run.
 // Warps per CTA, one CTA per SM (they share one table), by kind of launch (TcCta), measured on an H100 at 12-16
 // warps and an H200 at 14-16 (NOTES gemv rows 91-93): 16 for the stream-K split of 16-row tiles (fewer were up to
@@ -595,9 +595,12 @@ __device__ __forceinline__ void mbarrier_wait_parity_cluster(uint32_t bar, uint3
 }
 #endif
 
-// The first CTA of a cluster sets up the mbarrier that counts the parts the others push (add_warp_parts), expecting
-// all their bytes; every CTA then arrives at the cluster barrier, which the others wait on before they push.
-template <int kMTiles, int kNTiles>
+// The first CTA of a cluster sets up the mbarrier that counts the parts the others push (add_warp_parts), in two
+// steps around the CTA's barrier after its table fill: `init` before it, then `arm` (expect all the pushed bytes)
+// after it, so that no thread uses the mbarrier unordered with its init (racecheck flagged init and expect_tx by one
+// thread with nothing between them: NOTES gemv row 134b); then every CTA arrives at the cluster barrier, which the
+// others wait on before they push.
+template <int kMTiles, int kNTiles, bool kArm>
 __device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* table) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Cta = TcCta<kMTiles, kNTiles, true>;
@@ -606,11 +609,14 @@ __device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* table) {
   if (ctas < 2) return;
   if (cluster.block_rank() == 0 && threadIdx.x == 0) {
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(table + kTcPushBarrierOffset));
-    mbarrier_init(bar, 1);
-    mbarrier_expect_bytes(bar, (ctas - 1) * Cta::kWarps * kTcPushedPartFloats<kNTiles> * sizeof(float));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if constexpr (!kArm) {
+      mbarrier_init(bar, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    } else {
+      mbarrier_expect_bytes(bar, (ctas - 1) * Cta::kWarps * kTcPushedPartFloats<kNTiles> * sizeof(float));
+    }
   }
-  cluster_arrive_release();
+  if constexpr (kArm) cluster_arrive_release();
 #endif
 }
 
@@ -620,8 +626,9 @@ __device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* table) {
 // The end of tc_gemv_kernel with one CTA per tile, or one cluster of CTAs per tile (tile blockIdx.x / the
 // cluster's size, shared out over the cluster's warps in CTA order): each warp puts its sums (zeros if it had
 // no turns) into its own ring of stages, whose copies have all landed, as [x row][tile row] fp32; then the
-// cluster's first CTA adds the parts of every warp of the cluster in warp order (the other CTAs' through
-// distributed shared memory), adds the bias, and writes the tile's outputs.
+// cluster's first CTA adds the parts of every warp of the cluster in warp order (the other CTAs' as they pushed
+// them into its table's free halves, kTcClusterPush; else read through distributed shared memory between two
+// cluster syncs), adds the bias, and writes the tile's outputs.
 template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], const uint8_t* table,
                                                uint8_t* rings, int64_t rows,
@@ -797,11 +804,10 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
     copy_async_commit();
   }
 
-  if constexpr (TcCta<kMTiles, kNTiles, kCtaPerTile>::kPush) {
-    tc_cluster_push_setup<kMTiles, kNTiles>(tc_shared);
-  }
+  if constexpr (TcCta<kMTiles, kNTiles, kCtaPerTile>::kPush) tc_cluster_push_setup<kMTiles, kNTiles, false>(tc_shared);
   const NestedDecode nested = fill_decode_tables<T, kNested>(lut, code2, quant_type, scales);
   __syncthreads();
+  if constexpr (TcCta<kMTiles, kNTiles, kCtaPerTile>::kPush) tc_cluster_push_setup<kMTiles, kNTiles, true>(tc_shared);
 
   if (count <= 0 && !kCtaPerTile) {  // fewer turns than warps: an empty slot 0, which add_tile_parts_kernel adds
     for (int i = lane; i < x_rows * Tile::kRows; i += 32) partial[warp_id * 2 * x_rows * Tile::kRows + i] = 0.0f;
@@ -1906,11 +1912,13 @@ int prepare_tc_kernel() {
 }
 
 // The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
-// (two n-tiles) where a tile has more turns than one CTA has warps (a second CTA then halves the busiest warps'
-// turns) and a cluster for every tile fits on the GPU at once (Llama's and Qwen's k/v, 64 tiles, would
-// otherwise leave half of 132 SMs idle); else 1. Measured on Llama's and Qwen's k/v (NOTES gemv row 56): at 16
-// rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6% faster on
-// an H200), where the cluster's launch and barriers cost more than the halved turns save.
+// (two n-tiles) where a tile has more than kTcTileClusterMinTurns turns for each of one CTA's warps (a second CTA
+// then halves the busiest warps' turns) and a cluster for every tile fits on the GPU at once (Llama's k/v, 64
+// tiles, would otherwise leave half of 132 SMs idle); else 1. Measured on Llama's and Qwen's k/v (NOTES gemv row
+// 56): at 16 rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6%
+// faster on an H200), where the cluster's launch and barriers cost more than the halved turns save. Since the
+// parts are pushed (row 134), ~2 us a call on an H100 still: Llama's k/v at 16 rows 8.1 -> 7.7 us, and Qwen's (20
+// turns) 0.5 us faster on one CTA per tile (row 134b).
 // `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
