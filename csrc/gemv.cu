@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // and few turns per tile: tc_cta_per_tile) take one CTA per tile instead: the same split with the grid
 // cut to one CTA per tile keeps each tile's warps in one CTA, and they add their parts in shared memory,
 // so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Where that would leave SMs idle
-// and each warp 3 turns or more (Llama's k/v: 64 tiles of 32 turns) at 9-16 rows of x, each tile takes a cluster
+// and each warp 3 turns or more on an H100 (Llama's k/v: 64 tiles of 32 turns; on an H200 2 or more, Qwen's k/v
+// too) at 9-16 rows of x, each tile takes a cluster
 // of CTAs on sm_90 (tc_tile_cluster), whose other CTAs push their parts into the first one's shared memory
 // (rows 56, 134). Every order is
 // fixed, so the result is the same on every run.
@@ -217,13 +218,16 @@ constexpr int kMbarrierBytes = 8;  // an mbarrier object in shared memory (PTX: 
 #define NF4_TC_TILE_CLUSTER 2
 #endif
 constexpr int kTcTileCluster = NF4_TC_TILE_CLUSTER;
-// Only where one CTA's warps would take more than this many turns each: a cluster's launch and end cost ~2 us a call
-// on an H100 however they are done, which the halved turns buy back on Llama's k/v (32 turns a tile, 3 a warp
-// without a cluster) and not on Qwen's (20, 2 a warp) (NOTES gemv row 134).
+// Only where one CTA's warps would take more than this many turns each, by the GPU's memory class (ops.h,
+// kFastMemoryMinPeakGBps): on an H100 a cluster's launch and end cost ~2 us a call however they are done, which the
+// halved turns buy back on Llama's k/v (32 turns a tile, 3 a warp without a cluster) and not on Qwen's (20, 2 a
+// warp: one CTA per tile 0.5 us faster at 16 rows; NOTES gemv row 134b). An H200 keeps row 56's rule (clusters
+// above 1 turn a warp, measured there 6-10% faster at 16 rows on both layers): row 134b has not run on one.
 #ifndef NF4_TC_TILE_CLUSTER_MIN_TURNS
 #define NF4_TC_TILE_CLUSTER_MIN_TURNS 2
 #endif
 constexpr int kTcTileClusterMinTurns = NF4_TC_TILE_CLUSTER_MIN_TURNS;
+constexpr int kTcTileClusterMinTurnsFastMemory = 1;
 // One CTA per tile in a cluster of CTAs (tc_tile_cluster, sm_90): the other CTAs push their warps' parts into the
 // first CTA's shared memory with st.async, each store counted by the first CTA's mbarrier, and leave; the first CTA
 // waits on that mbarrier alone. Where the first CTA read the others' parts through distributed shared memory between
@@ -1911,31 +1915,6 @@ int prepare_tc_kernel() {
                         Cta::kSharedBytes);
 }
 
-// The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
-// (two n-tiles) where a tile has more than kTcTileClusterMinTurns turns for each of one CTA's warps (a second CTA
-// then halves the busiest warps' turns) and a cluster for every tile fits on the GPU at once (Llama's k/v, 64
-// tiles, would otherwise leave half of 132 SMs idle); else 1. Measured on Llama's and Qwen's k/v (NOTES gemv row
-// 56): at 16 rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6%
-// faster on an H200), where the cluster's launch and barriers cost more than the halved turns save. Since the
-// parts are pushed (row 134), ~2 us a call on an H100 still: Llama's k/v at 16 rows 8.1 -> 7.7 us, and Qwen's (20
-// turns) 0.5 us faster on one CTA per tile (row 134b).
-// `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
-template <typename Kernel>
-int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
-                    int warps, int shared_bytes, cudaStream_t stream) {
-  if (kTcTileCluster < 2 || at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 ||
-      turns <= kTcTileClusterMinTurns * warps) {
-    return 1;
-  }
-  const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
-    const LaunchConfig launch(dim3(kTcTileCluster), warps * 32, shared_bytes, stream, kTcTileCluster, false);
-    int count = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config));
-    return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
-  }) - 1;
-  return tiles <= clusters ? kTcTileCluster : 1;
-}
-
 // The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
 // picks the crossover table in ops.h; read once per device.
 int64_t peak_memory_GBps() {
@@ -1947,6 +1926,34 @@ int64_t peak_memory_GBps() {
     return 2 * int64_t{clock_khz} * (bus_bits / 8) / 1000000;
   });
 }
+
+// The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
+// (two n-tiles) where a tile has more than kTcTileClusterMinTurns turns (kTcTileClusterMinTurnsFastMemory on an
+// H200) for each of one CTA's warps (a second CTA then halves the busiest warps' turns) and a cluster for every tile fits on the GPU at once (Llama's k/v, 64
+// tiles, would otherwise leave half of 132 SMs idle); else 1. Measured on Llama's and Qwen's k/v (NOTES gemv row
+// 56): at 16 rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6%
+// faster on an H200), where the cluster's launch and barriers cost more than the halved turns save. Since the
+// parts are pushed (row 134), ~2 us a call on an H100 still: Llama's k/v at 16 rows 8.1 -> 7.7 us, and Qwen's (20
+// turns) 0.5 us faster on one CTA per tile (row 134b).
+// `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
+template <typename Kernel>
+int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
+                    int warps, int shared_bytes, cudaStream_t stream) {
+  const int min_turns =
+      peak_memory_GBps() >= kFastMemoryMinPeakGBps ? kTcTileClusterMinTurnsFastMemory : kTcTileClusterMinTurns;
+  if (kTcTileCluster < 2 || at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 ||
+      turns <= min_turns * warps) {
+    return 1;
+  }
+  const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {
+    const LaunchConfig launch(dim3(kTcTileCluster), warps * 32, shared_bytes, stream, kTcTileCluster, false);
+    int count = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&count, kernel, &launch.config));
+    return int64_t{count} + 1;  // + 1: the cache holds positive values, and none may fit
+  }) - 1;
+  return tiles <= clusters ? kTcTileCluster : 1;
+}
+
 
 // Launches add_tile_parts_kernel for the parts that `writer_grid` CTAs of footprint `writer` wrote, a thread per
 // kAddPartsOutputs outputs of a tile, a tile's pieces along the grid's y. With a programmatic launch its CTAs may

@@ -121,9 +121,10 @@ def test_gemv_non_contiguous_x(rows, device):
 # tile, more than one CTA per tile takes), so several warps share each tile and the second kernel adds their
 # fp32 parts. One CTA per tile (tc_cta_per_tile: no more tiles than SMs, at most 32 turns per tile), whose
 # warps add their parts in shared memory: 61 tiles of 21 turns, the last of 8 rows (some warps taking 2 turns,
-# some 1), and 61 tiles of 29 turns, which on sm_90 at 9-16 rows of x take a cluster of 2 CTAs per tile (more
-# than 2 turns for each of a CTA's 12 warps: tc_tile_cluster), whose second CTA pushes its parts into the first's
-# shared memory (elsewhere one CTA, its warps taking 2-3 turns); and
+# some 1; on an H200 a cluster at 9-16 rows), and 61 tiles of 29 turns, which on sm_90 at 9-16 rows of x take a
+# cluster of 2 CTAs per tile (more than 2 turns for each of a CTA's 12 warps, more than 1 on an H200:
+# tc_tile_cluster), whose second CTA pushes its parts into the first's shared memory (elsewhere one CTA, its warps
+# taking 2-3 turns); and
 # 12 turns in all (3 tiles x 4), so that most warps get none. Each with its own blocksize: one,
 # two and four absmax blocks per turn are three ways of copying and reading the scales. (many_tiles' blocks of
 # 512 span rows at K = 4352, which also keeps its one row of x off the one-row kernel on any GPU: that kernel
@@ -142,9 +143,11 @@ TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel run
 
 # The CTAs per tile of a small-N layer's launch at 9-16 rows of x on sm_90 (csrc/gemv.cu, kTcTileCluster), where
 # the clusters of every tile fit on the GPU at once (the test's 61 tiles do on an H100 or H200), and the warps of
-# such a CTA (kTcCtaPerTileWideXWarps): a tile of more than kTcTileClusterMinTurns turns per warp takes a cluster.
+# such a CTA (kTcCtaPerTileWideXWarps): a tile of more than kTcTileClusterMinTurns turns per warp (by the memory
+# class) takes a cluster.
 TILE_CLUSTER = 2
-TILE_CLUSTER_MIN_TURNS = 2
+TILE_CLUSTER_MIN_TURNS = 2  # kTcTileClusterMinTurns; on memory of 4 TB/s or more (an H200) 1
+TILE_CLUSTER_MIN_TURNS_FAST_MEMORY = 1
 CTA_PER_TILE_WIDE_X_WARPS = 12
 # The tensor-core kernel's 32-row tiles (csrc/gemv.cu): warps per CTA (kTcWideWarps) and the shared memory a CTA
 # takes (TcCta<2, 2, false>::kSharedBytes: the 64 KB table, the 1 KB nested map, 2 stages of 4.5 KB per warp).
@@ -240,7 +243,8 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     if not adds_parts:  # one CTA per tile, or a cluster of TILE_CLUSTER CTAs per tile (csrc/gemv.cu, tc_tile_cluster)
         tiles, turns = -(-shape[0] // 16), shape[1] // 256
         on_sm90 = torch.cuda.get_device_capability()[0] >= 9
-        takes_cluster = on_sm90 and turns > TILE_CLUSTER_MIN_TURNS * CTA_PER_TILE_WIDE_X_WARPS and rows > 8
+        min_turns = TILE_CLUSTER_MIN_TURNS_FAST_MEMORY if has_fast_memory() else TILE_CLUSTER_MIN_TURNS
+        takes_cluster = on_sm90 and turns > min_turns * CTA_PER_TILE_WIDE_X_WARPS and rows > 8
         cluster = TILE_CLUSTER if takes_cluster else 1
         assert launched_grids(profile, tmp_path, "tc_gemv_kernel") == [tiles * cluster]
     assert_gemv_close(out, x, packed, args, bias)
