@@ -246,7 +246,8 @@ __host__ __device__ constexpr int pushed_float_offset(int f) {
   return f / 32 * kCodePairEntryBytes + kCodePairEntryBytes / 2 + f % 32 * int(sizeof(float));
 }
 constexpr int kTcPushBarrierOffset = 255 * kCodePairEntryBytes + kCodePairEntryBytes / 2;
-static_assert((kTcTileCluster - 1) * kTcCtaPerTileWideXWarps * kTcPushedPartFloats<2> / 32 < 255,
+static_assert(kTcPushBarrierOffset % kMbarrierBytes == 0, "the mbarrier's alignment");
+static_assert(!kTcClusterPush || (kTcTileCluster - 1) * kTcCtaPerTileWideXWarps * kTcPushedPartFloats<2> / 32 < 255,
               "the pushed parts fit the table's free halves below the mbarrier's");
 // One CTA of a tensor-core launch: its warps and its shared memory (the table, the nested map, a ring per warp).
 // One CTA per tile takes only 16-row tiles.
@@ -626,7 +627,8 @@ __device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* table) {
 
 #ifndef NF4_TC_DIAG
 #define NF4_TC_DIAG 0  // timing builds only, wrong results (NOTES gemv row 133): one CTA per tile with 1: every turn
-#endif                 // reads turn 0's x, 2: no decode, 3: no turns, 4: no turns and no cluster syncs
+#endif                 // reads turn 0's x, 2: no decode, 3: no turns, 4: no turns and no cluster syncs or pushes
+                       // (the push's setup still arrives at the cluster barrier)
 // The end of tc_gemv_kernel with one CTA per tile, or one cluster of CTAs per tile (tile blockIdx.x / the
 // cluster's size, shared out over the cluster's warps in CTA order): each warp puts its sums (zeros if it had
 // no turns) into its own ring of stages, whose copies have all landed, as [x row][tile row] fp32; then the
@@ -660,7 +662,8 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int ctas = static_cast<int>(cluster.num_blocks());
-  if (TcCta<kMTiles, kNTiles, true>::kPush && ctas > 1) {  // the other CTAs push their parts to the first one
+  if constexpr (TcCta<kMTiles, kNTiles, true>::kPush) {
+  if (ctas > 1) {  // the other CTAs push their parts to the first one
     if (NF4_TC_DIAG == 4) return;
     static_assert(!MmaOperand<T>::kSplit, "the pushed parts take the table's free halves, which split operands fill");
     const uint32_t table_shared = static_cast<uint32_t>(__cvta_generic_to_shared(table));
@@ -698,6 +701,7 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
       out[(i / Tile::kRows) * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
     }
     return;
+  }
   }
   if (ctas > 1) {  // a cluster per tile: its first CTA adds every CTA's parts, the others' through their addresses
     if (NF4_TC_DIAG == 4) return;
@@ -1929,20 +1933,20 @@ int64_t peak_memory_GBps() {
 
 // The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
 // (two n-tiles) where a tile has more than kTcTileClusterMinTurns turns (kTcTileClusterMinTurnsFastMemory on an
-// H200) for each of one CTA's warps (a second CTA then halves the busiest warps' turns) and a cluster for every tile fits on the GPU at once (Llama's k/v, 64
-// tiles, would otherwise leave half of 132 SMs idle); else 1. Measured on Llama's and Qwen's k/v (NOTES gemv row
-// 56): at 16 rows 6-10% faster on an H200 and even on an H100; at 1-2 rows 5-8% slower on an H100 (even to 6%
-// faster on an H200), where the cluster's launch and barriers cost more than the halved turns save. Since the
-// parts are pushed (row 134), ~2 us a call on an H100 still: Llama's k/v at 16 rows 8.1 -> 7.7 us, and Qwen's (20
-// turns) 0.5 us faster on one CTA per tile (row 134b).
+// H200) for each of one CTA's warps (a second CTA then halves the busiest warps' turns) and a cluster for every
+// tile fits on the GPU at once (Llama's k/v, 64 tiles, would otherwise leave half of 132 SMs idle); else 1.
+// Measured on Llama's and Qwen's k/v (NOTES gemv row 56): at 16 rows 6-10% faster on an H200 and even on an H100.
+// Since the parts are pushed (row 134), a cluster still costs ~2 us a call on an H100: Llama's k/v at 16 rows
+// 8.1 -> 7.7 us, and Qwen's (20 turns) 0.5 us faster on one CTA per tile (row 134b).
 // `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
                     int warps, int shared_bytes, cudaStream_t stream) {
   const int min_turns =
       peak_memory_GBps() >= kFastMemoryMinPeakGBps ? kTcTileClusterMinTurnsFastMemory : kTcTileClusterMinTurns;
+  // (code JIT-compiled from sm_80 PTX has no cluster path in add_warp_parts: its doubled grid would be wrong)
   if (kTcTileCluster < 2 || at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 ||
-      turns <= min_turns * warps) {
+      turns <= min_turns * warps || !compiled_for_sm90(kernel)) {
     return 1;
   }
   const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {

@@ -82,19 +82,27 @@ inline bool environment_turns_off(const char* name) {
   return setting != nullptr && std::strcmp(setting, "0") == 0;
 }
 
-// Whether `kernel` is launched with programmatic dependent launch (cuda_types.cuh, wait_for_previous_kernels): where
-// its code was compiled for sm_90+ (PTX version 9.0+, so that its waits are in it: code JIT-compiled on an H100
-// from sm_80 PTX has none), unless the environment sets NF4_OPS_PDL=0 (read once per process; for comparisons and
-// for ruling it out). Asked once per device and kernel signature: every kernel of the build has the same targets.
+// Whether `kernel`'s code on this device was compiled for sm_90+ (PTX version 9.0+): code JIT-compiled on an H100
+// from sm_80 PTX has none of what the kernels compile for sm_90 only (#if __CUDA_ARCH__ >= 900: the waits of
+// cuda_types.cuh, the tile clusters' end in csrc/gemv.cu). Asked once per device and kernel signature: every kernel
+// of the build has the same targets.
 template <typename Kernel>
-bool programmatic_launch_enabled(Kernel kernel) {
-  static const bool allowed = !environment_turns_off("NF4_OPS_PDL");
+bool compiled_for_sm90(Kernel kernel) {
   static std::atomic<int64_t> compiled_for_it[64] = {};
-  return allowed && once_per_device(compiled_for_it, [&](int) -> int64_t {
+  return once_per_device(compiled_for_it, [&](int) -> int64_t {
            cudaFuncAttributes attributes;
            C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(kernel)));
            return attributes.ptxVersion >= 90 ? 2 : 1;  // positive values only
          }) == 2;
+}
+
+// Whether `kernel` is launched with programmatic dependent launch (cuda_types.cuh, wait_for_previous_kernels): where
+// its code was compiled for sm_90+, so that its waits are in it, unless the environment sets NF4_OPS_PDL=0 (read once
+// per process; for comparisons and for ruling it out).
+template <typename Kernel>
+bool programmatic_launch_enabled(Kernel kernel) {
+  static const bool allowed = !environment_turns_off("NF4_OPS_PDL");
+  return allowed && compiled_for_sm90(kernel);
 }
 
 // A launch's configuration: `cluster` CTAs per cluster when above 1 (sm_90), and programmatic dependent launch

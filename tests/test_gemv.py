@@ -123,8 +123,7 @@ def test_gemv_non_contiguous_x(rows, device):
 # warps add their parts in shared memory: 61 tiles of 21 turns, the last of 8 rows (some warps taking 2 turns,
 # some 1; on an H200 a cluster at 9-16 rows), and 61 tiles of 29 turns, which on sm_90 at 9-16 rows of x take a
 # cluster of 2 CTAs per tile (more than 2 turns for each of a CTA's 12 warps, more than 1 on an H200:
-# tc_tile_cluster), whose second CTA pushes its parts into the first's shared memory (elsewhere one CTA, its warps
-# taking 2-3 turns); and
+# tc_tile_cluster), whose second CTA pushes its parts into the first's shared memory (elsewhere one CTA); and
 # 12 turns in all (3 tiles x 4), so that most warps get none. Each with its own blocksize: one,
 # two and four absmax blocks per turn are three ways of copying and reading the scales. (many_tiles' blocks of
 # 512 span rows at K = 4352, which also keeps its one row of x off the one-row kernel on any GPU: that kernel
@@ -244,7 +243,8 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
         tiles, turns = -(-shape[0] // 16), shape[1] // 256
         on_sm90 = torch.cuda.get_device_capability()[0] >= 9
         min_turns = TILE_CLUSTER_MIN_TURNS_FAST_MEMORY if has_fast_memory() else TILE_CLUSTER_MIN_TURNS
-        takes_cluster = on_sm90 and turns > min_turns * CTA_PER_TILE_WIDE_X_WARPS and rows > 8
+        fits = TILE_CLUSTER * tiles <= torch.cuda.get_device_properties(0).multi_processor_count  # all at once
+        takes_cluster = on_sm90 and fits and turns > min_turns * CTA_PER_TILE_WIDE_X_WARPS and rows > 8
         cluster = TILE_CLUSTER if takes_cluster else 1
         assert launched_grids(profile, tmp_path, "tc_gemv_kernel") == [tiles * cluster]
     assert_gemv_close(out, x, packed, args, bias)
