@@ -592,13 +592,23 @@ __device__ __forceinline__ void push_float(uint32_t remote, float value, uint32_
 __device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
-__device__ __forceinline__ void mbarrier_wait_parity_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_cluster:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_cluster;\n}\n" ::"r"(bar), "r"(parity)
-      : "memory");
-}
 #endif
+// Waits for the phase of parity `parity` of the mbarrier at `bar` to complete; with kCluster, acquiring what other
+// CTAs of the cluster released to it (their st.async stores), else what this CTA's threads did.
+template <bool kCluster = false>
+__device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
+  if constexpr (kCluster) {
+    asm volatile(
+        "{\n.reg .pred done;\nwait_again:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_again;\n}\n" ::"r"(bar), "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .pred done;\nwait_again:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_again;\n}\n" ::"r"(bar), "r"(parity)
+        : "memory");
+  }
+}
 
 // The first CTA of a cluster sets up the mbarrier that counts the parts the others push (add_warp_parts), in two
 // steps around the CTA's barrier after its table fill: `init` before it, then `arm` (expect all the pushed bytes)
@@ -625,10 +635,6 @@ __device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* table) {
 #endif
 }
 
-#ifndef NF4_TC_DIAG
-#define NF4_TC_DIAG 0  // timing builds only, wrong results (NOTES gemv row 133): one CTA per tile with 1: every turn
-#endif                 // reads turn 0's x, 2: no decode, 3: no turns, 4: no turns and no cluster syncs or pushes
-                       // (the push's setup still arrives at the cluster barrier)
 // The end of tc_gemv_kernel with one CTA per tile, or one cluster of CTAs per tile (tile blockIdx.x / the
 // cluster's size, shared out over the cluster's warps in CTA order): each warp puts its sums (zeros if it had
 // no turns) into its own ring of stages, whose copies have all landed, as [x row][tile row] fp32; then the
@@ -662,49 +668,47 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const int ctas = static_cast<int>(cluster.num_blocks());
-  if constexpr (TcCta<kMTiles, kNTiles, true>::kPush) {
-  if (ctas > 1) {  // the other CTAs push their parts to the first one
-    if (NF4_TC_DIAG == 4) return;
-    static_assert(!MmaOperand<T>::kSplit, "the pushed parts take the table's free halves, which split operands fill");
-    const uint32_t table_shared = static_cast<uint32_t>(__cvta_generic_to_shared(table));
-    const unsigned rank = cluster.block_rank();
-    constexpr int kPartFloats = kTcPushedPartFloats<kNTiles>;
-    if (rank != 0) {
-      cluster_wait_acquire();  // the first CTA's mbarrier is set up (tc_cluster_push_setup)
-      const uint32_t remote_table = cluster_address(table_shared, 0);
-      const int part = ((rank - 1) * kWarps + threadIdx.x / 32) * kPartFloats;
+  if constexpr (TcCta<kMTiles, kNTiles, true>::kPush) {  // the other CTAs push their parts to the first one
+    if (ctas > 1) {
+      static_assert(!MmaOperand<T>::kSplit, "the pushed parts take the table's free halves, which split operands fill");
+      const uint32_t table_shared = static_cast<uint32_t>(__cvta_generic_to_shared(table));
+      const unsigned rank = cluster.block_rank();
+      constexpr int kPartFloats = kTcPushedPartFloats<kNTiles>;
+      if (rank != 0) {
+        cluster_wait_acquire();  // the first CTA's mbarrier is set up (tc_cluster_push_setup)
+        const uint32_t remote_table = cluster_address(table_shared, 0);
+        const int part = ((rank - 1) * kWarps + threadIdx.x / 32) * kPartFloats;
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
+        for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const auto [m, r] = acc_position(0, nt, i, g, t);
-          push_float(remote_table + pushed_float_offset(part + m * Tile::kRows + r), acc[0][nt][i],
-                     remote_table + kTcPushBarrierOffset);
+          for (int i = 0; i < 4; ++i) {
+            const auto [m, r] = acc_position(0, nt, i, g, t);
+            push_float(remote_table + pushed_float_offset(part + m * Tile::kRows + r), acc[0][nt][i],
+                       remote_table + kTcPushBarrierOffset);
+          }
         }
+        return;
+      }
+      cluster_wait_acquire();
+      __syncthreads();  // this CTA's parts are in its rings
+      mbarrier_wait_parity<true>(table_shared + kTcPushBarrierOffset, 0);  // and the other CTAs' have landed
+      const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
+      for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
+        const int r = i % Tile::kRows;
+        if (first_row + r >= rows) continue;
+        float sum = reinterpret_cast<const float*>(rings)[i];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
+        for (int w = 0; w < (ctas - 1) * kWarps; ++w) {
+          sum += *reinterpret_cast<const float*>(table + pushed_float_offset(w * kPartFloats + i));
+        }
+        const int64_t n = first_row + r;
+        out[(i / Tile::kRows) * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
       }
       return;
     }
-    cluster_wait_acquire();
-    __syncthreads();  // this CTA's parts are in its rings
-    mbarrier_wait_parity_cluster(table_shared + kTcPushBarrierOffset, 0);  // and the other CTAs' have landed
-    const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
-    for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
-      const int r = i % Tile::kRows;
-      if (first_row + r >= rows) continue;
-      float sum = reinterpret_cast<const float*>(rings)[i];
-#pragma unroll
-      for (int w = 1; w < kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
-      for (int w = 0; w < (ctas - 1) * kWarps; ++w) {
-        sum += *reinterpret_cast<const float*>(table + pushed_float_offset(w * kPartFloats + i));
-      }
-      const int64_t n = first_row + r;
-      out[(i / Tile::kRows) * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
-    }
-    return;
-  }
   }
   if (ctas > 1) {  // a cluster per tile: its first CTA adds every CTA's parts, the others' through their addresses
-    if (NF4_TC_DIAG == 4) return;
     cluster.sync();  // every CTA of the cluster has written its parts
     if (cluster.block_rank() == 0) {
       const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
@@ -866,20 +870,15 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
   // Each turn: request the turn kTcStages - 1 ahead into the stage the previous turn used, wait for this
   // turn's copies, decode it. The warp-wide syncs make every lane's copies visible to the others, and keep
   // a stage from being refilled while a lane still reads it.
-  const int64_t loop_count = kCtaPerTile && NF4_TC_DIAG >= 3 ? 0 : count;
-  const T* const x_diag = x + x_row * cols + 16 * t;
-  for (int64_t q = 0; q < loop_count; ++q) {
+  for (int64_t q = 0; q < count; ++q) {
     if (q + kTcStages - 1 < count) stage_next(q + kTcStages - 1, tile, s + kTcStages - 1);
     copy_async_commit();
     copy_async_wait<kTcStages - 1>();
     __syncwarp();
     const uint8_t* stage = ring + (static_cast<int>(q) & (kTcStages - 1)) * Tile::kStageBytes;
     // (the tile's rows past the end of W are zeros; their outputs are dropped)
-    if (!(kCtaPerTile && NF4_TC_DIAG == 2)) {
-      tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t,
-                                                 kCtaPerTile && NF4_TC_DIAG == 1 ? x_diag : x_turn, x_lane,
-                                                 lut_shared, lane4, blocksize_log2, blocks, nested, acc);
-    }
+    tc_gemv_turn<T, kMTiles, kNTiles, kNested>(stage, tile * Tile::kRows * cols, cols, s, g, t, x_turn, x_lane,
+                                               lut_shared, lane4, blocksize_log2, blocks, nested, acc);
     if (!kCtaPerTile && (s + 1 == turns || q + 1 == count)) flush(part_begin == 0 && s + 1 == turns);
     x_turn += kTcTurn;
     if (++s == turns) ++tile, s = 0, part_begin = 0, x_turn -= cols;
@@ -1117,12 +1116,6 @@ struct WgShape {
 // it has stored and fenced its part of the stage, and waits on the phase before the stage's first wgmma.
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_again:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_again;\n}\n" ::"r"(bar), "r"(parity)
-      : "memory");
 }
 
 // Where x row n's logical k values 8h + 2t, + 1 of k-tile j of step u go in an x stage. In the permuted k order
