@@ -218,16 +218,14 @@ constexpr int kMbarrierBytes = 8;  // an mbarrier object in shared memory (PTX: 
 #define NF4_TC_TILE_CLUSTER 2
 #endif
 constexpr int kTcTileCluster = NF4_TC_TILE_CLUSTER;
-// Only where one CTA's warps would take more than this many turns each, by the GPU's memory class (ops.h,
-// kFastMemoryMinPeakGBps): on an H100 a cluster's launch and end cost ~2 us a call however they are done, which the
-// halved turns buy back on Llama's k/v (32 turns a tile, 3 a warp without a cluster) and not on Qwen's (20, 2 a
-// warp: one CTA per tile 0.5 us faster at 16 rows; NOTES gemv row 134b). An H200 keeps row 56's rule (clusters
-// above 1 turn a warp, measured there 6-10% faster at 16 rows on both layers): row 134b has not run on one.
+// Only where one CTA's warps would take more than this many turns each: a cluster's launch and end cost ~2 us a call
+// however they are done, which the halved turns buy back on Llama's k/v (32 turns a tile, 3 a warp without a
+// cluster: 13-15% faster at 12-16 rows on an H200, NOTES gemv row 135) and not on Qwen's (20, 2 a warp: one CTA per
+// tile 0.5 us faster at 16 rows on an H100, row 134b, and even on an H200, row 135).
 #ifndef NF4_TC_TILE_CLUSTER_MIN_TURNS
 #define NF4_TC_TILE_CLUSTER_MIN_TURNS 2
 #endif
 constexpr int kTcTileClusterMinTurns = NF4_TC_TILE_CLUSTER_MIN_TURNS;
-constexpr int kTcTileClusterMinTurnsFastMemory = 1;
 // One CTA per tile in a cluster of CTAs (tc_tile_cluster, sm_90): the other CTAs push their warps' parts into the
 // first CTA's shared memory with st.async, each store counted by the first CTA's mbarrier, and leave; the first CTA
 // waits on that mbarrier alone. Where the first CTA read the others' parts through distributed shared memory between
@@ -1925,21 +1923,17 @@ int64_t peak_memory_GBps() {
 }
 
 // The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
-// (two n-tiles) where a tile has more than kTcTileClusterMinTurns turns (kTcTileClusterMinTurnsFastMemory on an
-// H200) for each of one CTA's warps (a second CTA then halves the busiest warps' turns) and a cluster for every
-// tile fits on the GPU at once (Llama's k/v, 64 tiles, would otherwise leave half of 132 SMs idle); else 1.
-// Measured on Llama's and Qwen's k/v (NOTES gemv row 56): at 16 rows 6-10% faster on an H200 and even on an H100.
-// Since the parts are pushed (row 134), a cluster still costs ~2 us a call on an H100: Llama's k/v at 16 rows
-// 8.1 -> 7.7 us, and Qwen's (20 turns) 0.5 us faster on one CTA per tile (row 134b).
+// (two n-tiles) where a tile has more than kTcTileClusterMinTurns turns for each of one CTA's warps (a second CTA
+// then halves the busiest warps' turns) and a cluster for every tile fits on the GPU at once (Llama's k/v, 64 tiles,
+// would otherwise leave half of 132 SMs idle); else 1. Llama's k/v at 16 rows: 8.1 -> 7.7 us on an H100 (row 134b),
+// 8.3 -> 7.3 on an H200 (row 135).
 // `kernel` is a prepared one-CTA-per-tile instance and `fits` its own cache.
 template <typename Kernel>
 int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t tiles, int turns, int n_tiles,
                     int warps, int shared_bytes, cudaStream_t stream) {
-  const int min_turns =
-      peak_memory_GBps() >= kFastMemoryMinPeakGBps ? kTcTileClusterMinTurnsFastMemory : kTcTileClusterMinTurns;
   // (code JIT-compiled from sm_80 PTX has no cluster path in add_warp_parts: its doubled grid would be wrong)
   if (kTcTileCluster < 2 || at::cuda::getCurrentDeviceProperties()->major < 9 || n_tiles < 2 ||
-      turns <= min_turns * warps || !compiled_for_sm90(kernel)) {
+      turns <= kTcTileClusterMinTurns * warps || !compiled_for_sm90(kernel)) {
     return 1;
   }
   const int64_t clusters = once_per_device(fits, [&](int) -> int64_t {

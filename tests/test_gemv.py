@@ -142,11 +142,9 @@ TENSOR_CORE_SHAPES = {  # name: (shape, blocksize, whether the second kernel run
 
 # The CTAs per tile of a small-N layer's launch at 9-16 rows of x on sm_90 (csrc/gemv.cu, kTcTileCluster), where
 # the clusters of every tile fit on the GPU at once (the test's 61 tiles do on an H100 or H200), and the warps of
-# such a CTA (kTcCtaPerTileWideXWarps): a tile of more than kTcTileClusterMinTurns turns per warp (by the memory
-# class) takes a cluster.
+# such a CTA (kTcCtaPerTileWideXWarps): a tile of more than kTcTileClusterMinTurns turns per warp takes a cluster.
 TILE_CLUSTER = 2
-TILE_CLUSTER_MIN_TURNS = 2  # kTcTileClusterMinTurns; on memory of 4 TB/s or more (an H200) 1
-TILE_CLUSTER_MIN_TURNS_FAST_MEMORY = 1
+TILE_CLUSTER_MIN_TURNS = 2  # kTcTileClusterMinTurns
 CTA_PER_TILE_WIDE_X_WARPS = 12
 # The tensor-core kernel's 32-row tiles (csrc/gemv.cu): warps per CTA (kTcWideWarps) and the shared memory a CTA
 # takes (TcCta<2, 2, false>::kSharedBytes: the 64 KB table, the 1 KB nested map, 2 stages of 4.5 KB per warp).
@@ -242,9 +240,8 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     if not adds_parts:  # one CTA per tile, or a cluster of TILE_CLUSTER CTAs per tile (csrc/gemv.cu, tc_tile_cluster)
         tiles, turns = -(-shape[0] // 16), shape[1] // 256
         on_sm90 = torch.cuda.get_device_capability()[0] >= 9
-        min_turns = TILE_CLUSTER_MIN_TURNS_FAST_MEMORY if has_fast_memory() else TILE_CLUSTER_MIN_TURNS
         fits = TILE_CLUSTER * tiles <= torch.cuda.get_device_properties(0).multi_processor_count  # all at once
-        takes_cluster = on_sm90 and fits and turns > min_turns * CTA_PER_TILE_WIDE_X_WARPS and rows > 8
+        takes_cluster = on_sm90 and fits and turns > TILE_CLUSTER_MIN_TURNS * CTA_PER_TILE_WIDE_X_WARPS and rows > 8
         cluster = TILE_CLUSTER if takes_cluster else 1
         assert launched_grids(profile, tmp_path, "tc_gemv_kernel") == [tiles * cluster]
     assert_gemv_close(out, x, packed, args, bias)
