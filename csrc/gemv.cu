@@ -146,11 +146,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // and few turns per tile: tc_cta_per_tile) take one CTA per tile instead: the same split with the grid
 // cut to one CTA per tile keeps each tile's warps in one CTA, and they add their parts in shared memory,
 // so the second kernel and its launch go (benchmarks/NOTES.md, gemv row 19). Where that would leave SMs idle
-// and each warp 3 turns or more on an H100 (Llama's k/v: 64 tiles of 32 turns; on an H200 2 or more, Qwen's k/v
-// too) at 9-16 rows of x, each tile takes a cluster
+// and each warp 3 turns or more (Llama's k/v: 64 tiles of 32 turns) at 9-16 rows of x, each tile takes a cluster
 // of CTAs on sm_90 (tc_tile_cluster), whose other CTAs push their parts into the first one's shared memory
-// (rows 56, 134). Every order is
-// fixed, so the result is the same on every run.
+// (rows 56, 134, 135). Every order is fixed, so the result is the same on every run.
 // Warps per CTA, one CTA per SM (they share one table), by kind of launch (TcCta), measured on an H100 at 12-16
 // warps and an H200 at 14-16 (NOTES gemv rows 91-93): 16 for the stream-K split of 16-row tiles (fewer were up to
 // 22% slower at 4-8 rows, and even at 9-16) and for one CTA per tile at 1-8 rows (Llama's k/v, 32 turns per tile,

@@ -51,10 +51,9 @@ def main():
     failures = 0
     # (n, k, blocksize, nested, misaligned packed): the tensor-core gemv (bf16, K % 256 == 0, aligned) with
     # one CTA per tile whose warps add their parts in shared memory (64 x 512, 40 x 4352, 40 x 7424; at 12 and 16
-    # rows the last takes a cluster of 2 CTAs per tile on sm_90, on an H200 40 x 4352 too, the second CTA pushing its
-    # parts into the first's shared memory with st.async: csrc/gemv.cu, tc_tile_cluster and add_warp_parts), tiles
-    # shared by
-    # several CTAs' warps plus the kernel that adds their parts (40 x 17152: 67 turns per tile; on an H100 or H200 at
+    # rows the last takes a cluster of 2 CTAs per tile on sm_90, the second CTA pushing its parts into the first's
+    # shared memory with st.async: csrc/gemv.cu, tc_tile_cluster and add_warp_parts), tiles shared by several CTAs'
+    # warps plus the kernel that adds their parts (40 x 17152: 67 turns per tile; on an H100 or H200 at
     # 5-16 rows the warpgroup kernel, which also takes 25640 x 512: about half the tiles taken whole, the rest
     # shared), few turns per warp (40 x 1024), absmax blocks that span rows (bs 512 over K = 1280), a partial last
     # nested block whose codes end inside a 4-byte copy (bs 4096 over 40 x 1280), W rows past the last tile's end, an

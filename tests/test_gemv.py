@@ -121,9 +121,9 @@ def test_gemv_non_contiguous_x(rows, device):
 # tile, more than one CTA per tile takes), so several warps share each tile and the second kernel adds their
 # fp32 parts. One CTA per tile (tc_cta_per_tile: no more tiles than SMs, at most 32 turns per tile), whose
 # warps add their parts in shared memory: 61 tiles of 21 turns, the last of 8 rows (some warps taking 2 turns,
-# some 1; on an H200 a cluster at 9-16 rows), and 61 tiles of 29 turns, which on sm_90 at 9-16 rows of x take a
-# cluster of 2 CTAs per tile (more than 2 turns for each of a CTA's 12 warps, more than 1 on an H200:
-# tc_tile_cluster), whose second CTA pushes its parts into the first's shared memory (elsewhere one CTA); and
+# some 1), and 61 tiles of 29 turns, which on sm_90 at 9-16 rows of x take a cluster of 2 CTAs per tile (more than
+# 2 turns for each of a CTA's 12 warps: tc_tile_cluster), whose second CTA pushes its parts into the first's shared
+# memory (elsewhere one CTA); and
 # 12 turns in all (3 tiles x 4), so that most warps get none. Each with its own blocksize: one,
 # two and four absmax blocks per turn are three ways of copying and reading the scales. (many_tiles' blocks of
 # 512 span rows at K = 4352, which also keeps its one row of x off the one-row kernel on any GPU: that kernel
