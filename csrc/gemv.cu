@@ -227,12 +227,9 @@ constexpr int kTcTileClusterMinTurns = NF4_TC_TILE_CLUSTER_MIN_TURNS;
 // One CTA per tile in a cluster of CTAs (tc_tile_cluster, sm_90): the other CTAs push their warps' parts into the
 // first CTA's shared memory with st.async, each store counted by the first CTA's mbarrier, and leave; the first CTA
 // waits on that mbarrier alone. Where the first CTA read the others' parts through distributed shared memory between
-// two cluster.sync()s, the calls at 9-16 rows spent ~1.9 us on that end (NOTES gemv row 133b), which no turn paid.
-// The parts are added in the same order either way, so the bits are the same.
-#ifndef NF4_TC_CLUSTER_PUSH
-#define NF4_TC_CLUSTER_PUSH 1
-#endif
-constexpr bool kTcClusterPush = NF4_TC_CLUSTER_PUSH != 0;
+// two cluster.sync()s, the calls at 9-16 rows spent ~1.9 us on that end (NOTES gemv row 133b), which no turn paid;
+// the push took 0.4-0.5 us off them on an H100 and measured even on an H200 (rows 134b, 135; that end, the A/B's
+// base, left the tree after row 135).
 // The floats of one warp's part (x rows x tile rows) as its lanes push it: all of their accumulators.
 template <int kNTiles>
 constexpr int kTcPushedPartFloats = 32 * 4 * kNTiles;
@@ -243,7 +240,7 @@ __host__ __device__ constexpr int pushed_float_offset(int f) {
 }
 constexpr int kTcPushBarrierOffset = 255 * kCodePairEntryBytes + kCodePairEntryBytes / 2;
 static_assert(kTcPushBarrierOffset % kMbarrierBytes == 0, "the mbarrier's alignment");
-static_assert(!kTcClusterPush || (kTcTileCluster - 1) * kTcCtaPerTileWideXWarps * kTcPushedPartFloats<2> / 32 < 255,
+static_assert((kTcTileCluster - 1) * kTcCtaPerTileWideXWarps * kTcPushedPartFloats<2> / 32 < 255,
               "the pushed parts fit the table's free halves below the mbarrier's");
 // One CTA of a tensor-core launch: its warps and its shared memory (the table, the nested map, a ring per warp).
 // One CTA per tile takes only 16-row tiles.
@@ -257,7 +254,7 @@ struct TcCta {
   // With a cluster per tile (two n-tiles only), the parts the other CTAs push and the mbarrier that counts them go
   // into the code pair table's free halves (code_pair_table.cuh), not more shared memory: 12 KB more took the
   // carveout past 132 KB, less L1, and Gemma's k/v (no cluster) 8% slower at 16 rows (NOTES gemv row 134).
-  static constexpr bool kPush = kCtaPerTile && kNTiles == 2 && kTcClusterPush;
+  static constexpr bool kPush = kCtaPerTile && kNTiles == 2;
 };
 
 // The code pair of byte `kByte` (0..3) of `word`, from this lane's copy of the table; `lut` is the table's
@@ -635,8 +632,8 @@ __device__ __forceinline__ void tc_cluster_push_setup(const uint8_t* table) {
 // cluster's size, shared out over the cluster's warps in CTA order): each warp puts its sums (zeros if it had
 // no turns) into its own ring of stages, whose copies have all landed, as [x row][tile row] fp32; then the
 // cluster's first CTA adds the parts of every warp of the cluster in warp order (the other CTAs' as they pushed
-// them into its table's free halves, kTcClusterPush; else read through distributed shared memory between two
-// cluster syncs), adds the bias, and writes the tile's outputs.
+// them into its table's free halves), adds the bias, and writes the tile's outputs. The host launches clusters only
+// on sm_90, for two n-tiles (kPush).
 template <typename T, int kMTiles, int kNTiles>
 __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTiles][4], const uint8_t* table,
                                                uint8_t* rings, int64_t rows,
@@ -662,9 +659,9 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
     }
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const int ctas = static_cast<int>(cluster.num_blocks());
   if constexpr (TcCta<kMTiles, kNTiles, true>::kPush) {  // the other CTAs push their parts to the first one
+    const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    const int ctas = static_cast<int>(cluster.num_blocks());
     if (ctas > 1) {
       static_assert(!MmaOperand<T>::kSplit, "the pushed parts take the table's free halves, which split operands fill");
       const uint32_t table_shared = static_cast<uint32_t>(__cvta_generic_to_shared(table));
@@ -703,28 +700,6 @@ __device__ __forceinline__ void add_warp_parts(const float (&acc)[kMTiles][kNTil
       }
       return;
     }
-  }
-  if (ctas > 1) {  // a cluster per tile: its first CTA adds every CTA's parts, the others' through their addresses
-    cluster.sync();  // every CTA of the cluster has written its parts
-    if (cluster.block_rank() == 0) {
-      const int64_t first_row = int64_t{blockIdx.x / ctas} * Tile::kRows;
-      for (int i = threadIdx.x; i < x_rows * Tile::kRows; i += blockDim.x) {
-        const int m = i / Tile::kRows, r = i % Tile::kRows;
-        if (first_row + r >= rows) continue;
-        float sum = reinterpret_cast<const float*>(rings)[i];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) sum += reinterpret_cast<const float*>(rings + w * kRingBytes)[i];
-        for (int c = 1; c < ctas; ++c) {
-          const uint8_t* cta_rings = cluster.map_shared_rank(rings, c);
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum += reinterpret_cast<const float*>(cta_rings + w * kRingBytes)[i];
-        }
-        const int64_t n = first_row + r;
-        out[m * rows + n] = from_float<T>(bias != nullptr ? sum + to_float(bias[n]) : sum);
-      }
-    }
-    cluster.sync();  // the other CTAs' shared memory stays until the first CTA has read it
-    return;
   }
 #endif
   // One CTA per tile (the host launches clusters only on sm_90). A path of its own: with one loop over the
@@ -1499,14 +1474,9 @@ __device__ __forceinline__ uint32_t load_once_scale(const uint8_t* from) { retur
 // filled at the CTA's start: the 256-entry code map (state2.code) and the CTA's range of nested absmax values
 // (state2.absmax), at most kOrNestedMaxBlocks of them (one_row_gemv_applies). The value is bitsandbytes' nested
 // math, as dequantize's (BlockScales::nested_absmax_value). NOTES gemv row 61.
-// With NF4_OR_NESTED_ROW_PER_LANE (the default), lane (g, t) loads and converts the code of tile row t alone and
-// the 4 lanes of segment g share their scales by shuffles: each scale is worked out once per warp, where every lane
-// converted all kOrRows rows' codes (4 times the nested math, the loop's +15% of instructions over plain absmax;
-// NOTES gemv row 132).
-#ifndef NF4_OR_NESTED_ROW_PER_LANE
-#define NF4_OR_NESTED_ROW_PER_LANE 1
-#endif
-constexpr bool kOrNestedRowPerLane = NF4_OR_NESTED_ROW_PER_LANE != 0;
+// Lane (g, t) loads and converts the code of tile row t alone and the 4 lanes of segment g share their scales by
+// shuffles: each scale is worked out once per warp, where every lane had converted all kOrRows rows' codes (4 times
+// the nested math, the loop's +15% of instructions over plain absmax; NOTES gemv row 132).
 constexpr int kOrCode2Floats = 256;
 constexpr int kOrNestedMaxBlocks = 4096;
 constexpr int kOrNestedSharedBytes = (kOrCode2Floats + kOrNestedMaxBlocks) * 4;
@@ -1570,10 +1540,9 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
   using M = typename MmaOperand<T>::type;
   using ScaleSource = std::conditional_t<kNested, uint8_t, float>;  // what the loads read per block
   using ScaleWord = std::conditional_t<kNested, uint32_t, float>;   // what the ring holds per row and step
-  // Nested, one row per lane: the ring holds the code of the lane's own tile row (t) only.
-  constexpr bool kRowPerLane = kNested && kOrNestedRowPerLane;
-  static_assert(!kRowPerLane || kOrRows == 4, "one tile row per lane t: 4 rows");
-  constexpr int kScaleSlots = kRowPerLane ? 1 : kOrRows;
+  // Nested: the ring holds the code of the lane's own tile row (t) only.
+  static_assert(!kNested || kOrRows == 4, "nested: one tile row per lane t, 4 rows");
+  constexpr int kScaleSlots = kNested ? 1 : kOrRows;
   extern __shared__ __align__(16) uint8_t or_lut[];
   // the parts of the CTA's shared tiles: [warp][0: its first tile, 1: its last][tile row]
   __shared__ float tile_parts[kOrWarps][2][kSums];
@@ -1680,14 +1649,14 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
       // the block of the lane's segment: the same column of blocks in every row, since rows start on a block
       const ScaleSource* scale = load_tile_scales + ((int64_t{load_s} * kOrStep + 64 * g) >> blocksize_log2);
       const bool lane_there = segment_in_row(load_s);
-      if constexpr (kRowPerLane) {  // row t's code alone (0 past the CTA's rows and the row's end, as below)
+      if constexpr (kNested) {  // row t's code alone (0 past the CTA's rows and the row's end, as below)
         scales[0] = t < load_rows && lane_there ? load_once_scale(scale + t * row_scales) : 0;
       }
       if (load_rows == kOrRows && lane_there) {  // every step but a short last tile's and a half step's upper lanes
 #pragma unroll
         for (int r = 0; r < kOrRows; ++r) {
           weights[r] = load_once_8(weight);
-          if constexpr (!kRowPerLane) scales[r] = load_once_scale(scale);
+          if constexpr (!kNested) scales[r] = load_once_scale(scale);
           weight += row_bytes, scale += row_scales;
         }
       } else {
@@ -1695,10 +1664,10 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         for (int r = 0; r < kOrRows; ++r) {
           if (r < load_rows && lane_there) {
             weights[r] = load_once_8(weight);
-            if constexpr (!kRowPerLane) scales[r] = load_once_scale(scale);
+            if constexpr (!kNested) scales[r] = load_once_scale(scale);
           } else {  // past the CTA's rows (outputs dropped) or the row's end (x is zero there too): zeros
             weights[r] = make_uint2(0, 0);
-            if constexpr (!kRowPerLane) scales[r] = 0;
+            if constexpr (!kNested) scales[r] = 0;
           }
           weight += row_bytes, scale += row_scales;
         }
@@ -1795,27 +1764,20 @@ __global__ void __launch_bounds__(kOrWarps * 32, 1)
         if constexpr (kNested) {
           nested_first = nested_phase + tile * kOrRows * row_scales_int + ((s * kOrStep + 64 * g) >> blocksize_log2);
         }
-        // Nested: tile row r's scale for the lane's segment from its code (slot `slot` of the ring).
-        const auto nested_scale = [&](int r, int slot) -> float {
-          if constexpr (kNested) {
-            const int index = min((nested_first + r * row_scales_int) >> nested.nested_blocksize_log2,
-                                  nested_blocks - 1);  // fmt: skip
-            const float value = BlockScales::nested_absmax_value(nested_code2[scales[slot]], nested_absmax2[index],
-                                                                 nested_offset);
-            // a half step's upper lanes lie past the row, in the next row's blocks: zero, as plain absmax loads
-            // there, so that no value of the next row's (an Inf) reaches this row's sum
-            return segment_in_row(s) ? value : 0.0f;
-          } else {
-            return 0.0f;  // plain absmax: unused
-          }
-        };
-        [[maybe_unused]] float own_scale = 0.0f;  // one row per lane: tile row t's, for lanes (g, 0..3) to share
-        if constexpr (kRowPerLane) own_scale = nested_scale(t, 0);
+        // Nested: tile row t's scale for the lane's segment, from its code, for lanes (g, 0..3) to share.
+        [[maybe_unused]] float own_scale = 0.0f;
+        if constexpr (kNested) {
+          const int index = min((nested_first + t * row_scales_int) >> nested.nested_blocksize_log2,
+                                nested_blocks - 1);  // fmt: skip
+          const float value = BlockScales::nested_absmax_value(nested_code2[scales[0]], nested_absmax2[index],
+                                                               nested_offset);
+          // a half step's upper lanes lie past the row, in the next row's blocks: zero, as plain absmax loads
+          // there, so that no value of the next row's (an Inf) reaches this row's sum
+          own_scale = segment_in_row(s) ? value : 0.0f;
+        }
         const auto row_scale = [&](int r) -> float {
-          if constexpr (kRowPerLane) {
+          if constexpr (kNested) {
             return __shfl_sync(0xFFFFFFFFu, own_scale, 4 * g + r);
-          } else if constexpr (kNested) {
-            return nested_scale(r, r);
           } else {
             return scales[r];
           }
@@ -1908,18 +1870,6 @@ int prepare_tc_kernel() {
                         Cta::kSharedBytes);
 }
 
-// The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
-// picks the crossover table in ops.h; read once per device.
-int64_t peak_memory_GBps() {
-  static std::atomic<int64_t> peak[64] = {};
-  return once_per_device(peak, [](int device) -> int64_t {
-    int clock_khz = 0, bus_bits = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-    return 2 * int64_t{clock_khz} * (bus_bits / 8) / 1000000;
-  });
-}
-
 // The CTAs per tile of a one-CTA-per-tile launch (add_warp_parts): kTcTileCluster on sm_90 for 9-16 rows of x
 // (two n-tiles) where a tile has more than kTcTileClusterMinTurns turns for each of one CTA's warps (a second CTA
 // then halves the busiest warps' turns) and a cluster for every tile fits on the GPU at once (Llama's k/v, 64 tiles,
@@ -1943,6 +1893,17 @@ int tc_tile_cluster(std::atomic<int64_t> (&fits)[64], Kernel kernel, int64_t til
   return tiles <= clusters ? kTcTileCluster : 1;
 }
 
+// The current device's peak DRAM bandwidth in GB/s (double data rate: 2 transfers per memory clock), which
+// picks the crossover table in ops.h; read once per device.
+int64_t peak_memory_GBps() {
+  static std::atomic<int64_t> peak[64] = {};
+  return once_per_device(peak, [](int device) -> int64_t {
+    int clock_khz = 0, bus_bits = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    return 2 * int64_t{clock_khz} * (bus_bits / 8) / 1000000;
+  });
+}
 
 // Launches add_tile_parts_kernel for the parts that `writer_grid` CTAs of footprint `writer` wrote, a thread per
 // kAddPartsOutputs outputs of a tile, a tile's pieces along the grid's y. With a programmatic launch its CTAs may
