@@ -14,7 +14,6 @@ namespace {
 
 constexpr int64_t kMinBlocksize = 32;
 constexpr int64_t kMaxBlocksize = 4096;
-constexpr int64_t kNestedCodeEntries = 256;
 // The most elements a weight may have: N*K and every size derived from it (packed bytes, absmax blocks, an fp32
 // output's bytes) then fit in int64 with room to spare; real weights are below 2^40.
 constexpr int64_t kMaxWeightElementsLog2 = 60;

@@ -1477,7 +1477,7 @@ __device__ __forceinline__ uint32_t load_once_scale(const uint8_t* from) { retur
 // Lane (g, t) loads and converts the code of tile row t alone and the 4 lanes of segment g share their scales by
 // shuffles: each scale is worked out once per warp, where every lane had converted all kOrRows rows' codes (4 times
 // the nested math, the loop's +15% of instructions over plain absmax; NOTES gemv row 132).
-constexpr int kOrCode2Floats = 256;
+constexpr int kOrCode2Floats = kNestedCodeEntries;
 constexpr int kOrNestedMaxBlocks = 4096;
 constexpr int kOrNestedSharedBytes = (kOrCode2Floats + kOrNestedMaxBlocks) * 4;
 

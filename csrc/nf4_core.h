@@ -64,6 +64,9 @@ NF4_HD float add_rn(float a, float b) {
 #endif
 }
 
+// Entries of nested absmax's 8-bit map (state2.code, fp32): one per uint8 code.
+constexpr int kNestedCodeEntries = 256;
+
 // Where the per-block scale (absmax) of the outer blocks comes from.
 //  plain:  absmax[b] (fp32).
 //  nested: fp32(fp32(code2[codes[b]] * absmax2[b / nested_blocksize]) + *offset), bitsandbytes'

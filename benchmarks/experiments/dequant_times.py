@@ -1,4 +1,4 @@
-# nf4::dequantize on the paper layers in a few variants (bf16 / fp32 out, plain / nested absmax; NF4, blocksize
+# nf4::dequantize on the paper layers in four variants (bf16 / fp32 out, plain / nested absmax; NF4, blocksize
 # BLOCKSIZE, default 64), the harness's graph timing (16 calls per graph, each call writing its own output: NOTES
 # dequantize row 6), with bitsandbytes' time and the copy ceiling beside; appends one JSON line {"label", "layer",
 # "times"} per layer to argv[1], the format ab_summary.py reads, so variant_ab.sh can A/B dequantize kernels
@@ -17,7 +17,7 @@ import nf4_ops
 bk.min_graph_calls = 16
 label = sys.argv[2]
 blocksize = int(os.environ.get("BLOCKSIZE", "64"))
-variants = [("bf16", False), ("bf16", True), ("fp32", False)]
+variants = [("bf16", False), ("bf16", True), ("fp32", False), ("fp32", True)]
 dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
 with open(sys.argv[1], "a") as log:
     for layer in bk.layers_named(os.environ.get("LAYERS", "")):
