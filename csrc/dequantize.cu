@@ -50,56 +50,8 @@ __device__ __forceinline__ void load_lane_words(const uint8_t* lane_bytes, Word 
   }
 }
 
-// Nested absmax's 256-entry map (state2.code) held by the warp: entry 32 * i + l in lane l's map[i]. Its loads go
-// out with the item's packed bytes, so a code's value is 8 shuffles and a select away once the code is back, where a
-// load of map[code] could only go out then: in a one-wave grid (the k/v layers) every warp does one item and that
-// L2 trip lay on each warp's chain (benchmarks/NOTES.md, dequantize row 13).
-constexpr int kMapValuesPerLane = kNestedCodeEntries / 32;
-
-__device__ __forceinline__ float warp_map_value(const float (&map)[kMapValuesPerLane], uint32_t code) {
-  float value = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kMapValuesPerLane; ++i) {
-    const float candidate = __shfl_sync(0xFFFFFFFFu, map[i], code % 32);
-    value = code / 32 == uint32_t(i) ? candidate : value;
-  }
-  return value;
-}
-
-// The nested scales of the lane's kWordsPerLane units (units first_unit + 32 j + lane), as BlockScales::at computes
-// them (the same fp32 operations, so the same bits). An item spans at most 32 absmax blocks (blocksize >= 32), and
-// lane k works out block first_block + k's scale, which each unit takes from its block's lane: one code and one map
-// lookup a lane. Every lane of the warp must call it (shuffles).
-template <typename U>
-__device__ __forceinline__ void nested_unit_scales(const BlockScales& scales, int64_t first_unit, int lane,
-                                                   int blocksize_log2, float (&unit_scales)[kWordsPerLane]) {
-  constexpr int kItemElements = U::kItemWords * U::kElements;
-  static_assert(kItemElements / 32 <= 32, "an item spans at most 32 blocks of 32 elements");
-  float map[kMapValuesPerLane];
-#pragma unroll
-  for (int i = 0; i < kMapValuesPerLane; ++i) map[i] = scales.code2[32 * i + lane];
-  const int64_t first_block = (first_unit * U::kElements) >> blocksize_log2;
-  const int item_blocks = std::max(kItemElements >> blocksize_log2, 1);  // items start on a block, or lie in one
-  const int64_t lane_block = first_block + std::min(lane, item_blocks - 1);
-  const uint32_t code = scales.codes[lane_block];
-  const float absmax2 = scales.absmax2[lane_block >> scales.nested_blocksize_log2];
-  const float offset = *scales.offset;
-  const float lane_scale = BlockScales::nested_absmax_value(warp_map_value(map, code), absmax2, offset);
-#pragma unroll
-  for (int j = 0; j < kWordsPerLane; ++j) {
-    const int64_t block = ((first_unit + 32 * j + lane) * U::kElements) >> blocksize_log2;
-    unit_scales[j] = __shfl_sync(0xFFFFFFFFu, lane_scale, static_cast<int>(block - first_block));
-  }
-}
-
-// CTAs per SM the kernel is compiled for, what it had before nested absmax's warp map, for which ptxas would give
-// every instance 40 registers, 6 CTAs per SM (Llama's k/v grid, 1024 CTAs, in two waves): 8 (2048 threads, an SM's
-// most: 32 registers) at 16-bit output, 7 (36 registers) at fp32 output.
 template <typename T>
-constexpr int kMinCtasPerSm = sizeof(T) == 2 ? 8 : 7;
-
-template <typename T>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T>)
+__global__ void __launch_bounds__(kThreads)
     dequantize_kernel(const uint8_t* __restrict__ packed, BlockScales scales, QuantType quant_type,
                       int blocksize_log2, int64_t numel, int64_t items, bool prefetch_scales, T* __restrict__ out) {
   using U = Unit<T>;
@@ -131,14 +83,9 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<T>)
     load_lane_words(packed + item * U::kItemBytes + lane * U::kLaneBytes, words);
     const int64_t first_unit = item * U::kItemWords;
     float unit_scales[kWordsPerLane];
-    // independent of the words: requested before they arrive
-    if (scales.nested()) {
-      nested_unit_scales<U>(scales, first_unit, lane, blocksize_log2, unit_scales);
-    } else {
 #pragma unroll
-      for (int j = 0; j < kWordsPerLane; ++j) {
-        unit_scales[j] = scales.absmax[((first_unit + 32 * j + lane) * U::kElements) >> blocksize_log2];
-      }
+    for (int j = 0; j < kWordsPerLane; ++j) {  // independent of the words: requested before they arrive
+      unit_scales[j] = scales.at(((first_unit + 32 * j + lane) * U::kElements) >> blocksize_log2);
     }
 #pragma unroll
     for (int j = 0; j < kWordsPerLane; ++j) {
