@@ -9,6 +9,8 @@
 # DECODE=1 adds benchmarks/bench_decode.py (an end-to-end decode step, eager ops and compiled) after the benchmarks.
 # SANITIZERS: the compute-sanitizer steps to run (default all three: "memcheck racecheck memcheck_tc"); a second
 # GPU of the same kernels may take fewer to fit a time limit, and the summary then lists only the steps that ran.
+# SKIP_STEPS: step names not to run (e.g. "pytest" in a second call on the same warm machine, when one call's time
+# limit cannot hold every step); the summary lists them as skipped.
 # Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
 # (see README, "GPU suite").
 set -uo pipefail
@@ -25,6 +27,10 @@ if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then export CUDA_
 summary=()
 step() {  # step NAME COMMAND...: runs it, logs to $OUT/NAME.log, records status, time and last line
   local name=$1; shift
+  if [[ " ${SKIP_STEPS:-} " == *" $name "* ]]; then
+    summary+=("$(printf '| %-10s | %-15s | %5ss | %s |' "$name" "SKIPPED" 0 "SKIP_STEPS")")
+    return 0
+  fi
   local start=$SECONDS
   echo "== $name: $*"
   "$@" >"$OUT/$name.log" 2>&1
