@@ -560,6 +560,22 @@ __device__ __forceinline__ AccPosition acc_position(int mt, int nt, int i, int g
   return AccPosition{nt * 8 + 2 * t + i % 2, kTcMmaRows * mt + g + (i >= 2 ? 8 : 0)};
 }
 
+// A worker's sum for output (x row m, W row n: row r of its tile of kTileRows) when it leaves the tile: the output
+// itself (+ bias, the one rounding) where it took the whole tile, else its part in its slot for the tile (worker x 2,
+// + 1 where the tile is not its first: first_sharer_slot's numbering), slots being [x row][tile row] arrays laid one
+// after another, as add_tile_parts_kernel reads them.
+template <int kTileRows, typename T>
+__device__ __forceinline__ void store_tile_sum(float value, bool whole, int64_t worker, bool first_tile, int m,
+                                               int64_t n, int r, int x_rows, int64_t rows, const T* bias, T* out,
+                                               float* partial) {
+  if (whole) {
+    out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
+  } else {
+    const int64_t slot = worker * 2 + (first_tile ? 0 : 1);
+    partial[(slot * x_rows + m) * kTileRows + r] = value;
+  }
+}
+
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -827,12 +843,8 @@ __global__ void __launch_bounds__(TcCta<kMTiles, kNTiles, kCtaPerTile>::kWarps *
           const float value = acc[mt][nt][i];
           acc[mt][nt][i] = 0.0f;
           if (m >= x_rows || n >= rows) continue;
-          if (whole) {
-            out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
-          } else {
-            const int64_t slot = warp_id * 2 + (tile == first_tile ? 0 : 1);
-            partial[(slot * x_rows + m) * Tile::kRows + r] = value;
-          }
+          store_tile_sum<Tile::kRows>(value, whole, warp_id, tile == first_tile, m, n, r, x_rows, rows, bias, out,
+                                      partial);
         }
       }
     }
@@ -1300,12 +1312,8 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
       const float value = acc[i];
       acc[i] = 0.0f;
       if (m >= x_rows || n >= rows) continue;
-      if (whole) {
-        out[m * rows + n] = from_float<T>(bias != nullptr ? value + to_float(bias[n]) : value);
-      } else {
-        const int64_t part_slot = team_id * 2 + (tile == first_tile ? 0 : 1);
-        partial[(part_slot * x_rows + m) * Shape::kTeamRows + r] = value;
-      }
+      store_tile_sum<Shape::kTeamRows>(value, whole, team_id, tile == first_tile, m, n, r, x_rows, rows, bias, out,
+                                       partial);
     }
   };
 
