@@ -917,37 +917,24 @@ struct alignas(sizeof(T) * kAddPartsOutputs) AddPartsVector {
 // One thread's kAddPartsOutputs outputs of a shared tile, at `dst` (W rows n.. of an x row): the parts at `partial_at`
 // (the thread's place in a slot; slots slot_vectors vectors apart) of sharers w_first (slot first_slot) to w_last
 // (slot 0 of each later one, 2 apart) added in worker order, + bias.
-// kFromL2: the parts were written while this kernel runs (flagged_add_tile_parts_kernel), so they are read from L2
-// (ld.global.cg), never through the read-only path or a stale L1 line.
-template <typename T, bool kFromL2 = false>
+template <typename T>
 __device__ __forceinline__ void add_sharers_parts(const float* __restrict__ partial_at, int64_t slot_vectors,
                                                   int64_t first_slot, int64_t w_first, int64_t w_last, int64_t n,
                                                   int64_t rows, const T* __restrict__ bias, T* dst) {
   using PartVector = AddPartsVector<float>;
-  static_assert(!kFromL2 || kAddPartsOutputs == 2, "kFromL2 loads a part as one float2");
-  const auto load = [](const PartVector* from) {
-    if constexpr (kFromL2) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(from));
-      PartVector part;
-      part.v[0] = v.x, part.v[1] = v.y;
-      return part;
-    } else {
-      return *from;
-    }
-  };
   const PartVector* part = reinterpret_cast<const PartVector*>(partial_at);
   const PartVector* later = part + (w_first + 1) * 2 * slot_vectors;  // the later sharers' slot 0, 2 apart
   const int later_count = static_cast<int>(w_last - w_first);
   float bias_n[kAddPartsOutputs];  // loaded with the first batch
 #pragma unroll
   for (int k = 0; k < kAddPartsOutputs; ++k) bias_n[k] = bias != nullptr && n + k < rows ? to_float(bias[n + k]) : 0.0f;
-  PartVector sum = load(part + first_slot * slot_vectors);
+  PartVector sum = part[first_slot * slot_vectors];
   for (int j0 = 0; j0 < later_count; j0 += kAddPartsBatch) {
     PartVector parts[kAddPartsBatch];
 #pragma unroll
     for (int b = 0; b < kAddPartsBatch; ++b) {
       if (j0 + b < later_count) {
-        parts[b] = load(later + (j0 + b) * 2 * slot_vectors);
+        parts[b] = later[(j0 + b) * 2 * slot_vectors];
       } else {
 #pragma unroll
         for (int k = 0; k < kAddPartsOutputs; ++k) parts[b].v[k] = -0.0f;
@@ -1024,67 +1011,6 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
       add_sharers_parts(partial + i, slot_vectors, first_slot, w_first, last_sharer, n, rows, bias, out + out_offset);
     }
   }
-}
-
-// (Experiment, NOTES gemv row 139: NF4_WG_FLAGGED_ADD.) The warpgroup kernel's parts added as each shared tile's are
-// published, not after the whole writer grid: each team, once its threads have stored a part, sets the slot's flag
-// (a release at GPU scope; the flags follow the slots in `partial`, zeroed by their teams after the writer's wait and
-// before it lets this kernel launch), and this kernel's warps wait on the flags of their tiles' sharers instead of on
-// the writer grid, so the adding overlaps the writer's last CTAs. Safe from deadlock: it launches only once every
-// writer CTA has started, and writers wait on nothing of it. Every CTA still waits for the writer grid before it
-// leaves, so that this kernel's end implies the writer's (the whole tiles it wrote), for the kernel after.
-__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* from) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(from) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_release_gpu(uint32_t* to, uint32_t v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(to), "r"(v) : "memory");
-}
-
-// Until every sharer of a tile has published its part (sharer w_first's slot first_slot, each later one's slot 0):
-// one lane of the warp polls, the warp then goes on together.
-__device__ __forceinline__ void wait_for_tile_parts(const uint32_t* flags, int64_t first_slot, int64_t w_first,
-                                                    int64_t w_last) {
-  const unsigned active = __activemask();
-  if (threadIdx.x % 32 == __ffs(active) - 1) {
-    for (int64_t w = w_first; w <= w_last; ++w) {
-      const uint32_t* flag = flags + (w == w_first ? first_slot : 2 * w);
-      while (load_acquire_gpu(flag) == 0) __nanosleep(64);
-    }
-  }
-  __syncwarp(active);
-}
-
-template <typename T, int kTiles>
-__global__ void __launch_bounds__(kAddPartsMaxThreads)
-    flagged_add_tile_parts_kernel(const float* __restrict__ partial, int64_t workers, int turns, int tile_rows,
-                                  int64_t rows, int x_rows, const T* __restrict__ bias, T* __restrict__ out) {
-  let_next_kernel_start();
-  const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
-  const uint32_t* flags = reinterpret_cast<const uint32_t*>(partial + workers * 2 * x_rows * tile_rows);
-  __shared__ int64_t tile_sharers[kTiles][2];
-  if (threadIdx.x < kTiles && blockIdx.x + int64_t{threadIdx.x} * gridDim.x < tiles) {
-    const int64_t tile = blockIdx.x + int64_t{threadIdx.x} * gridDim.x;
-    tile_sharers[threadIdx.x][0] = first_sharer_slot(tile * turns, workers, tiles * turns);
-    tile_sharers[threadIdx.x][1] = warp_of_turn((tile + 1) * turns - 1, workers, tiles * turns);
-  }
-  const int i = (blockIdx.y * blockDim.x + threadIdx.x) * kAddPartsOutputs;
-  const int m = i / tile_rows, r = i % tile_rows;
-  const int64_t slot_vectors = int64_t{x_rows} * tile_rows / kAddPartsOutputs;
-  __syncthreads();
-  if (m < x_rows) {
-    for (int j = 0; j < kTiles && blockIdx.x + int64_t{j} * gridDim.x < tiles; ++j) {
-      const int64_t n = (blockIdx.x + int64_t{j} * gridDim.x) * tile_rows + r;
-      const int64_t first_slot = tile_sharers[j][0], last_sharer = tile_sharers[j][1], w_first = first_slot / 2;
-      if (w_first != last_sharer && n < rows) {
-        wait_for_tile_parts(flags, first_slot, w_first, last_sharer);
-        add_sharers_parts<T, true>(partial + i, slot_vectors, first_slot, w_first, last_sharer, n, rows, bias,
-                                   out + int64_t{m} * rows + n);
-      }
-    }
-  }
-  wait_for_previous_kernels();
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -1217,13 +1143,6 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[kN / 2], const uint32_t (&a
   }
 }
 
-// (Experiment, NOTES gemv row 139: flagged_add_tile_parts_kernel.) With NF4_WG_FLAGGED_ADD=1 each team publishes its
-// parts by a flag per slot, after the slots in `partial`.
-#ifndef NF4_WG_FLAGGED_ADD
-#define NF4_WG_FLAGGED_ADD 0
-#endif
-constexpr bool kWgFlaggedAdd = NF4_WG_FLAGGED_ADD;
-
 // Requirements (checked by wg_gemv_applies): tc_gemv_kernel's, sm_90a, kWgMinXRows <= x_rows <= kN. `partial`
 // holds two [x_rows][WgShape<kN>::kTeamRows] fp32 slots per team (tc_partial_floats).
 template <typename T, int kN, bool kNested>
@@ -1231,7 +1150,7 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     wg_gemv_kernel(const T* __restrict__ x, const uint8_t* __restrict__ packed, BlockScales scales,
                    QuantType quant_type, int blocksize_log2, int64_t rows, int64_t cols, int x_rows,
                    const T* __restrict__ bias, T* __restrict__ out, float* __restrict__ partial) {
-  if constexpr (!kWgFlaggedAdd) let_next_kernel_start();
+  let_next_kernel_start();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // elsewhere a trap, which no call reaches (wg_kernel_runs_here)
   using Shape = WgShape<kN>;
   using Tile16 = TileShape<1>;
@@ -1277,17 +1196,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
   if (kNested && threadIdx.x < 32) prefetch_nested_tables(scales, lane);
 #endif
   wait_for_previous_kernels();
-  // the team's two slots' flags (kWgFlaggedAdd), zeroed before this CTA lets the adding kernel launch
-  uint32_t* const part_flags =
-      reinterpret_cast<uint32_t*>(partial + int64_t{gridDim.x} * Shape::kTeams * 2 * x_rows * Shape::kTeamRows);
-  const bool team_leader = threadIdx.x % (32 * Shape::kTeamWarps) == 0;
-  const auto publish_part = [&](int64_t slot) {  // once every thread of the team has stored its share of the slot
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + team), "r"(32 * Shape::kTeamWarps) : "memory");
-    if (team_leader) __threadfence(), store_release_gpu(part_flags + slot, 1);
-  };
-  if constexpr (kWgFlaggedAdd) {
-    if (team_leader) part_flags[team_id * 2] = 0, part_flags[team_id * 2 + 1] = 0, __threadfence();
-  }
 
   // The warp's 16 rows of team tile `tile` are 16-row tile 4 (kXGroups x tile + group_in_team) + warp_in_group (past
   // W's last row where a last team tile has fewer 64-row tiles: zero-filled, and dropped by the flush).
@@ -1371,7 +1279,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     x_s = next_turn(x_s);
   }
   __syncthreads();  // the table and the barriers
-  if constexpr (kWgFlaggedAdd) let_next_kernel_start();  // after every team's flags are zeroed
   // No turns for this team (fewer team turns than teams: not under wg_gemv_applies' rule, whose layers all have more
   // turns than warpgroups; kept so that the kernel stays right for any launch): an empty slot 0, which
   // add_tile_parts_kernel adds.
@@ -1379,7 +1286,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     for (int i = threadIdx.x % (32 * Shape::kTeamWarps); i < x_rows * Shape::kTeamRows; i += 32 * Shape::kTeamWarps) {
       partial[team_id * 2 * x_rows * Shape::kTeamRows + i] = 0.0f;
     }
-    if constexpr (kWgFlaggedAdd) publish_part(team_id * 2);
     return;
   }
 #pragma unroll
@@ -1408,9 +1314,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
       if (m >= x_rows || n >= rows) continue;
       store_tile_sum<Shape::kTeamRows>(value, whole, team_id, tile == first_tile, m, n, r, x_rows, rows, bias, out,
                                        partial);
-    }
-    if constexpr (kWgFlaggedAdd) {
-      if (!whole) publish_part(team_id * 2 + (tile == first_tile ? 0 : 1));
     }
   };
 
@@ -1476,7 +1379,6 @@ __global__ void __launch_bounds__(kWgWarps * 32, 1)
     }
   }
 #else
-  if constexpr (kWgFlaggedAdd) let_next_kernel_start();
   wait_for_previous_kernels();
   __trap();
 #endif
@@ -2019,21 +1921,10 @@ int64_t peak_memory_GBps() {
 // CTA per tile's piece of up to kAddPartsMaxThreads threads; of kAddPartsResidentThreads; of kAddPartsResidentThreads
 // taking up to kAddPartsMaxTiles tiles each. Where none is, the first (its CTAs are then dispatched as the writer's
 // leave).
-template <typename T, bool kFlagged = false>
+template <typename T>
 void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int tile_rows, int64_t rows,
                            int64_t x_rows, const T* bias, T* out, const CtaFootprint& writer, int64_t writer_grid,
                            cudaStream_t stream) {
-  // the kernel that adds kTiles tiles a CTA at most
-  const auto adding_kernel = [](auto tiles_constant) {
-    constexpr int kTiles = decltype(tiles_constant)::value;
-    if constexpr (kFlagged) {
-      return flagged_add_tile_parts_kernel<T, kTiles>;
-    } else {
-      return add_tile_parts_kernel<T, kTiles>;
-    }
-  };
-  using OneTile = std::integral_constant<int, 1>;
-  using MaxTiles = std::integral_constant<int, kAddPartsMaxTiles>;
   TORCH_INTERNAL_ASSERT(tile_rows % kAddPartsOutputs == 0);
   const int64_t tiles = (rows + tile_rows - 1) / tile_rows;
   const int64_t vectors = x_rows * tile_rows / kAddPartsOutputs;  // per tile, a thread each
@@ -2047,7 +1938,7 @@ void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int
   const Grid choices[] = {grid_of(kAddPartsMaxThreads, 1), grid_of(kAddPartsResidentThreads, 1),
                           grid_of(kAddPartsResidentThreads, kAddPartsMaxTiles)};
   Grid grid = choices[0];
-  if (programmatic_launch_enabled(adding_kernel(OneTile{}))) {
+  if (programmatic_launch_enabled(add_tile_parts_kernel<T, 1>)) {
     const cudaDeviceProp& device = *at::cuda::getCurrentDeviceProperties();
     const int64_t sms = device.multiProcessorCount;
     const int64_t round = writer_grid / sms, busier = writer_grid % sms;  // busier SMs have one writer CTA more
@@ -2055,8 +1946,8 @@ void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int
     for (const Grid& choice : choices) {
       const CtaFootprint adder =
           choice.tiles_across < tiles
-              ? cta_footprint(several_tiles, adding_kernel(MaxTiles{}), choice.threads, 0)
-              : cta_footprint(one_tile, adding_kernel(OneTile{}), choice.threads, 0);
+              ? cta_footprint(several_tiles, add_tile_parts_kernel<T, kAddPartsMaxTiles>, choice.threads, 0)
+              : cta_footprint(one_tile, add_tile_parts_kernel<T, 1>, choice.threads, 0);
       const int64_t resident = busier * ctas_fitting_beside(device, writer, round + 1, adder) +
                                (sms - busier) * ctas_fitting_beside(device, writer, round, adder);
       if (choice.tiles_across * choice.pieces <= resident) {
@@ -2073,8 +1964,8 @@ void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int
                   static_cast<int>(grid.threads), 0, stream, 1, partial, workers, turns, tile_rows, rows, int(x_rows),
                   bias, out);
   };
-  grid.tiles_across < tiles ? launch(adding_kernel(MaxTiles{}), kAddPartsMaxTiles)
-                            : launch(adding_kernel(OneTile{}), 1);
+  grid.tiles_across < tiles ? launch(add_tile_parts_kernel<T, kAddPartsMaxTiles>, kAddPartsMaxTiles)
+                            : launch(add_tile_parts_kernel<T, 1>, 1);
 }
 
 // Whether the one-row kernel takes a call whose layout fits the tensor-core kernel (tensor_core_layout_fits; x
@@ -2236,7 +2127,7 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     const int64_t total = (rows + Shape::kTeamRows - 1) / Shape::kTeamRows * turns;
     const int64_t grid = stream_k_grid(total, Shape::kTeams, resident);
     const int64_t teams = grid * Shape::kTeams;
-    at::Tensor partial = at::empty({tc_partial_floats(teams, x_rows, Shape::kTeamRows) + (kWgFlaggedAdd ? 2 * teams : 0)},
+    at::Tensor partial = at::empty({tc_partial_floats(teams, x_rows, Shape::kTeamRows)},
                                    like.options().dtype(at::kFloat));
     float* partial_data = partial.mutable_data_ptr<float>();
     launch_kernel(wg_gemv_kernel<T, kN, kNested>, dim3(static_cast<unsigned>(grid)), kWgWarps * 32,
@@ -2246,8 +2137,8 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
       static std::atomic<int64_t> attributes[64] = {};
       const CtaFootprint writer =
           cta_footprint(attributes, wg_gemv_kernel<T, kN, kNested>, kWgWarps * 32, WgShape<kN>::kSharedBytes);
-      launch_add_tile_parts<T, kWgFlaggedAdd>(partial_data, teams, turns, Shape::kTeamRows, rows, x_rows, bias, out,
-                                              writer, grid, stream);
+      launch_add_tile_parts<T>(partial_data, teams, turns, Shape::kTeamRows, rows, x_rows, bias, out, writer, grid,
+                               stream);
     }
   };
   const auto with_nested = [&](auto n_constant) {
