@@ -144,24 +144,36 @@ WeightSpec check_weight_args(const char* op, const at::Tensor& packed, const at:
   check_same_device(op, "nested_code", n_code, packed);
   check_contiguous(op, "nested_code", n_code);
   check_dtype(op, "nested_code", n_code, at::kFloat);
-  check_numel(op, "nested_code", n_code, kNestedCodeEntries, "the 8-bit map's");
+  check_numel(op, "nested_code", n_code, kNestedCodeEntries, "2^8 (one entry per uint8 code)");
 
   const at::Tensor& n_offset = *nested_offset;
   check_same_device(op, "nested_offset", n_offset, packed);
   check_dtype(op, "nested_offset", n_offset, at::kFloat);
-  check_numel(op, "nested_offset", n_offset, 1, "one offset");
+  TORCH_SYM_CHECK(n_offset.sym_numel().sym_eq(1), op, ": nested_offset must be one value (bitsandbytes' offset), got ",
+                  text(n_offset.sym_numel()), " elements");
   return spec;
 }
+
+namespace {
+// dequantize's and dequantize.out's shared checks, their errors named after the op the caller called.
+WeightSpec check_dtype_and_weight_args(const char* op, const at::Tensor& packed, const at::Tensor& absmax,
+                                       int64_t blocksize, c10::string_view quant_type, c10::SymIntArrayRef shape,
+                                       at::ScalarType dtype, const OptTensor& nested_absmax,
+                                       const OptTensor& nested_code, const OptTensor& nested_offset,
+                                       int64_t nested_blocksize) {
+  TORCH_CHECK(is_activation_dtype(dtype), op, ": dtype must be Half, BFloat16 or Float, got ",
+              c10::toString(dtype));
+  return check_weight_args(op, packed, absmax, blocksize, quant_type, shape, nested_absmax, nested_code,
+                           nested_offset, nested_blocksize);
+}
+}  // namespace
 
 WeightSpec check_dequantize_args(const at::Tensor& packed, const at::Tensor& absmax, int64_t blocksize,
                                  c10::string_view quant_type, c10::SymIntArrayRef shape, at::ScalarType dtype,
                                  const OptTensor& nested_absmax, const OptTensor& nested_code,
                                  const OptTensor& nested_offset, int64_t nested_blocksize) {
-  constexpr const char* op = "nf4::dequantize";
-  TORCH_CHECK(is_activation_dtype(dtype), op, ": dtype must be Half, BFloat16 or Float, got ",
-              c10::toString(dtype));
-  return check_weight_args(op, packed, absmax, blocksize, quant_type, shape, nested_absmax, nested_code,
-                           nested_offset, nested_blocksize);
+  return check_dtype_and_weight_args("nf4::dequantize", packed, absmax, blocksize, quant_type, shape, dtype,
+                                     nested_absmax, nested_code, nested_offset, nested_blocksize);
 }
 
 WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor& absmax, int64_t blocksize,
@@ -170,8 +182,8 @@ WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor&
                                      const OptTensor& nested_offset, int64_t nested_blocksize,
                                      const at::Tensor& out) {
   constexpr const char* op = "nf4::dequantize.out";
-  WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
-                                          nested_code, nested_offset, nested_blocksize);
+  WeightSpec spec = check_dtype_and_weight_args(op, packed, absmax, blocksize, quant_type, shape, dtype,
+                                                nested_absmax, nested_code, nested_offset, nested_blocksize);
   check_same_device(op, "out", out, packed);
   check_dtype(op, "out", out, dtype, " (the dtype argument)");
   TORCH_SYM_CHECK(out.sym_sizes().size() == 2 ? out.sym_size(0).sym_eq(spec.rows).sym_and(out.sym_size(1).sym_eq(spec.cols))

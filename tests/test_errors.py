@@ -79,13 +79,13 @@ WEIGHT_CASES = [
     ("nested_absmax_short", True, lambda a: dict(nested_absmax=a["nested_absmax"][:0]),
      r"nested_absmax must have ceil\(absmax.numel\(\)/nested_blocksize\) = 1 elements, got 0"),
     ("nested_code_short", True, lambda a: dict(nested_code=a["nested_code"][:255]),
-     r"nested_code must have the 8-bit map's = 256 elements, got 255"),
+     r"nested_code must have 2\^8 \(one entry per uint8 code\) = 256 elements, got 255"),
     ("nested_code_dtype", True, lambda a: dict(nested_code=a["nested_code"].double()),
      r"nested_code must be Float, got Double"),
     ("nested_offset_dtype", True, lambda a: dict(nested_offset=a["nested_offset"].half()),
      r"nested_offset must be Float, got Half"),
     ("nested_offset_numel", True, lambda a: dict(nested_offset=a["nested_offset"].repeat(2)),
-     r"nested_offset must have one offset = 1 elements, got 2"),
+     r"nested_offset must be one value \(bitsandbytes' offset\), got 2 elements"),
     ("nested_blocksize", True, dict(nested_blocksize=100),
      r"nested_blocksize must be a power of two in \[32, 4096\], got 100"),
 ]
@@ -249,6 +249,9 @@ def test_bad_dequantize_dtype(device):
     for dtype, name in [(torch.float64, "Double"), (torch.int32, "Int"), (torch.uint8, "Byte")]:
         with pytest.raises(RuntimeError, match=f"nf4::dequantize: dtype must be Half, BFloat16 or Float, got {name}"):
             torch.ops.nf4.dequantize(dtype=dtype, **args)
+        out = torch.empty(N, K, dtype=dtype, device=device)  # the out variant's errors name the out variant
+        with pytest.raises(RuntimeError, match=f"nf4::dequantize.out: dtype must be Half, BFloat16 or Float, got {name}"):
+            torch.ops.nf4.dequantize.out(dtype=dtype, out=out, **args)
 
 
 MOVED_TO_CPU = [(name, False) for name in ("absmax", "packed", "x", "bias")] + [
