@@ -12,13 +12,15 @@ if TYPE_CHECKING:  # bitsandbytes is only needed to build a QuantState, not to c
 
 def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     """The op arguments a bitsandbytes QuantState stands for (everything but `packed`, `x` and `bias`)."""
-    try:  # a patched layer calls this per forward: a missing attribute is caught, not looked for each time
+    tensor = torch.Tensor
+    try:  # a patched layer calls this per forward: a bad field is diagnosed after it fails, not looked for each time
         args: dict[str, Any] = {
             "absmax": quant_state.absmax,
             "blocksize": int(quant_state.blocksize),
             "quant_type": str(quant_state.quant_type),
             "shape": [int(s) for s in quant_state.shape],
         }
+        valid = isinstance(args["absmax"], tensor)
         if quant_state.nested:
             args.update(
                 nested_absmax=quant_state.state2.absmax,
@@ -26,11 +28,58 @@ def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
                 nested_offset=quant_state.offset,
                 nested_blocksize=int(quant_state.state2.blocksize),
             )
-    except AttributeError as error:
-        raise TypeError(
-            f"quant_state must be a bitsandbytes QuantState, got {type(quant_state).__name__} (missing: {error.name})"
-        ) from error
+            valid = (valid and isinstance(args["nested_absmax"], tensor) and isinstance(args["nested_code"], tensor)
+                     and isinstance(args["nested_offset"], tensor))  # fmt: skip
+        if not valid:
+            raise TypeError("a tensor field is not a tensor")
+    except (AttributeError, TypeError, ValueError) as error:
+        raise _quant_state_error(quant_state) from error
     return args
+
+
+# What each QuantState field the ops read must be: (path, test, expectation), in the order quant_state_args reads them.
+_QUANT_STATE_FIELDS = (
+    ("absmax", lambda v: isinstance(v, torch.Tensor), "a tensor"),
+    ("blocksize", lambda v: isinstance(v, int), "an int"),
+    ("quant_type", lambda v: isinstance(v, str), "a str"),
+    ("shape", lambda v: isinstance(v, (tuple, list)) and all(isinstance(s, int) for s in v), "a sequence of ints"),
+)
+_NESTED_FIELDS = (
+    ("state2", lambda v: v is not None, "the QuantState of the nested absmax (quant_state.nested is True)"),
+    ("state2.absmax", lambda v: isinstance(v, torch.Tensor), "a tensor"),
+    ("state2.code", lambda v: isinstance(v, torch.Tensor), "a tensor"),
+    ("state2.blocksize", lambda v: isinstance(v, int), "an int"),
+    ("offset", lambda v: isinstance(v, torch.Tensor), "a tensor"),
+)
+
+
+def _quant_state_error(quant_state: Any) -> TypeError:
+    """The first field of `quant_state` that quant_state_args cannot read, named with what it must be."""
+    missing = object()
+
+    def field(path):
+        value = quant_state
+        for part in path.split("."):
+            value = getattr(value, part, missing)
+            if value is missing or value is None:
+                return value
+        return value
+
+    fields = _QUANT_STATE_FIELDS + (_NESTED_FIELDS if field("nested") not in (missing, None, False) else ())
+    for path, valid, expected in fields:
+        value = field(path)
+        if value is missing:
+            return TypeError(f"quant_state must be a bitsandbytes QuantState, got {type(quant_state).__name__} "
+                             f"without .{path}")
+        if not valid(value):
+            return TypeError(f"quant_state.{path} must be {expected}, got {type(value).__name__}")
+    return TypeError(f"quant_state must be a bitsandbytes QuantState, got {type(quant_state).__name__}")
+
+
+def _check_tensor(name: str, value: Any, optional: bool = False) -> None:
+    if not (isinstance(value, torch.Tensor) or (optional and value is None)):
+        expected = "a torch.Tensor or None" if optional else "a torch.Tensor"
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__}")
 
 
 def dequantize(
@@ -42,10 +91,15 @@ def dequantize(
     """The [N, K] weight in `dtype` (default: out's dtype, else the dtype it was quantized from),
     bit-exact with bitsandbytes.functional.dequantize_4bit. With `out` ([N, K], contiguous, on packed's
     device) it is written there and returned, with no allocation."""
+    _check_tensor("packed", packed)
+    _check_tensor("out", out, optional=True)
     _check_packed_bytes(packed)
     args = quant_state_args(quant_state)
     if dtype is None:
         dtype = quant_state.dtype if out is None else out.dtype
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype was not given and quant_state.dtype is not a torch.dtype (got "
+                            f"{type(dtype).__name__}); pass dtype")
     if out is None:
         return torch.ops.nf4.dequantize(packed, dtype=dtype, **args)
     torch.ops.nf4.dequantize.out(packed, dtype=dtype, out=out, **args)
@@ -60,6 +114,9 @@ def gemv(
 ) -> torch.Tensor:
     """x @ W.T + bias as [..., N] in x.dtype, accumulated in fp32. Differentiable in x and bias (the op itself
     has no autograd; this wrapper's rule gives grad_x = grad_y @ W and grad_bias, never a weight gradient)."""
+    _check_tensor("x", x)
+    _check_tensor("packed", packed)
+    _check_tensor("bias", bias, optional=True)
     _check_packed_bytes(packed)
     return linear(x, packed, quant_state_args(quant_state), bias)
 

@@ -7,12 +7,16 @@ module, compute-dtype rule, bias cast, output cast back to the input dtype) and 
 nf4_ops.gemv's autograd rule for QLoRA (gradient for x and bias, never for the weight).
 
 Layers it cannot run (an unknown weight layout, a device without nf4 kernels) keep their original forward;
-one warning names them and says why. Nothing is changed in the checkpoint or the modules' parameters.
+one warning names them and says why; a patched layer that changed since (moved, repacked) runs its original
+forward, with one warning per layer. x the ops do not take (float64 with no compute dtype set) gets nf4::gemv's
+error, not bitsandbytes' forward (whose float64 results on the CPU are wrong: tests/test_patch.py).
+Nothing is changed in the checkpoint or the modules' parameters. A patched model pickles and deep-copies as one;
+accelerate's hooks may be added or removed before or after patch(), and unpatch() keeps them.
 
 transformers' `generate` compiles the decode step itself (static cache, `compile_config`, CUDA graphs) only
 for models its quantizer calls compileable, and its bitsandbytes quantizer says no. Once every Linear4bit
-runs on the nf4 ops (which compile with fullgraph and CUDA graphs), patch() marks the model's quantizer
-compileable, so that path runs; unpatch() takes the mark away.
+runs on the nf4 ops (which compile with fullgraph and CUDA graphs), the model's quantizer says yes, so that path
+runs: patch() marks it, the mark holds while every Linear4bit of the model is patched, and unpatch() removes it.
 """
 
 from __future__ import annotations
@@ -60,12 +64,14 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
     """bitsandbytes 0.50's Linear4bit.forward with its matmul on nf4::gemv."""
     import bitsandbytes as bnb
 
+    saved = getattr(self, _SAVED, None)
+    if saved is None:  # unpatched, yet still called from somewhere unpatch() could not see: bitsandbytes' forward
+        return type(self).forward(self, x)
     bnb.nn.modules.fix_4bit_weight_quant_state_from_module(self)
-    saved = getattr(self, _SAVED)
     reason = _unsupported_reason(self, saved.kernel_devices)
     if reason is not None:  # the layer changed since patch() (moved to another device, repacked)
         _warn_once(self, reason)
-        return saved.original(x)
+        return saved.call_original(self, x)
     quant_state = self.weight.quant_state
 
     if not self.compute_type_is_set:
@@ -83,6 +89,17 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
     return linear(x, self.weight, quant_state_args(quant_state), bias).to(input_dtype)
 
 
+def _patched_forward_of(module) -> functools.partial:
+    """The forward patch() installs: a partial, not a bound method, so that a pickled patched model loads again
+    (a bound method pickles as a lookup of its function's name on the module, which has no such attribute)."""
+    return functools.partial(_patched_forward, module)
+
+
+def _is_patched_forward_of(value, module) -> bool:
+    return (isinstance(value, functools.partial) and value.func is _patched_forward and len(value.args) == 1
+            and value.args[0] is module)  # fmt: skip
+
+
 class _SavedForward:
     """How a layer's forward looked before patch(): which attribute was replaced and its old value."""
 
@@ -92,14 +109,25 @@ class _SavedForward:
         self.attribute = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
         self.had_instance_attribute = self.attribute in module.__dict__
         self.previous = module.__dict__.get(self.attribute)
-        self.original = getattr(module, self.attribute)
         self.warned = False
 
-    def restore(self, module) -> None:
+    def call_original(self, module, x: torch.Tensor) -> torch.Tensor:
         if self.had_instance_attribute:
-            setattr(module, self.attribute, self.previous)
-        else:
-            delattr(module, self.attribute)
+            return self.previous(x)
+        return type(module).forward(module, x)
+
+    def restore(self, module) -> None:
+        """Puts the old forward back wherever the patched one is now: accelerate moves it between `forward` and
+        `_old_forward` when a hook is added or removed after patch(), and a hook added after patch() stays."""
+        for attribute in ("forward", "_old_forward"):
+            if not _is_patched_forward_of(module.__dict__.get(attribute), module):
+                continue
+            if self.had_instance_attribute:
+                setattr(module, attribute, self.previous)
+            elif attribute == "forward":
+                delattr(module, attribute)  # the class's own forward again
+            else:  # what accelerate would have saved from an unpatched layer
+                setattr(module, attribute, types.MethodType(type(module).forward, module))
 
 
 def _warn_once(module, reason: str) -> None:
@@ -115,41 +143,59 @@ def _linear4bit_layers(model):
     return [(name, m) for name, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)]
 
 
-# The attribute of a marked quantizer's class that holds the class it had before patch().
+# The attribute of a marked quantizer's class that holds the class it had before patch(), and the attribute of a
+# marked quantizer that lists the model's Linear4bit layers.
 _UNMARKED_CLASS = "_nf4_ops_unmarked_class"
+_MODEL_LAYERS = "_nf4_ops_model_layers"
+
+
+def _every_layer_patched(quantizer) -> bool:
+    return all(is_patched(layer) for layer in quantizer.__dict__.get(_MODEL_LAYERS, ()))
 
 
 @functools.lru_cache(maxsize=None)
 def _compileable_class(quantizer_class: type) -> type:
-    """`quantizer_class` with `is_compileable` True (one subclass per class, so unpatch can go back). It is
-    a global of this module under its own name, so that a pickled patched model finds it again."""
+    """`quantizer_class` whose `is_compileable` is True while every Linear4bit of the model is patched (one subclass
+    per class, so unpatch can go back). It is a global of this module under its own name, so that a pickled patched
+    model finds it again."""
     name = f"_Nf4OpsCompileable{quantizer_class.__name__}"
-    subclass = type(name, (quantizer_class,), {"is_compileable": property(lambda self: True),
+    subclass = type(name, (quantizer_class,), {"is_compileable": property(_every_layer_patched),
                                                _UNMARKED_CLASS: quantizer_class, "__module__": __name__})  # fmt: skip
     globals()[name] = subclass
     return subclass
 
 
-def _mark_quantizer_compileable(model: torch.nn.Module) -> None:
+def _mark_quantizer_compileable(model: torch.nn.Module, layers: list) -> None:
     """Lets transformers' generate compile the patched model (see the module docstring): only this model's
-    quantizer object changes class, never the class bitsandbytes-quantized models share."""
+    quantizer object changes class, never the class bitsandbytes-quantized models share. The mark holds while
+    every one of `layers` is patched, so unpatching some of them (unpatch on a submodule) takes it away too."""
     quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is None or getattr(quantizer, "is_compileable", True):  # none, compileable, or marked already
+    if quantizer is None:
         return
-    quantizer.__class__ = _compileable_class(type(quantizer))
+    if not hasattr(type(quantizer), _UNMARKED_CLASS):
+        if getattr(quantizer, "is_compileable", True):  # compileable without the mark
+            return
+        quantizer.__class__ = _compileable_class(type(quantizer))
+    quantizer.__dict__[_MODEL_LAYERS] = layers
 
 
 def patch(model: torch.nn.Module) -> torch.nn.Module:
     """Makes every bitsandbytes Linear4bit in `model` run on nf4::gemv / nf4::dequantize; returns `model`.
 
     Patching twice is harmless; `unpatch(model)` restores the original forwards exactly. Layers that
-    cannot run on the nf4 ops are left alone and named in one warning. When none is left alone, a
-    transformers model's quantizer is marked compileable, so `generate` with a static cache compiles the
+    cannot run on the nf4 ops are left alone and named in one warning. While every one is patched, a
+    transformers model's quantizer says it is compileable, so `generate` with a static cache compiles the
     decode step as it does for unquantized models (`generation_config.disable_compile` turns that off).
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     left_alone = []
     kernel_devices = _kernel_device_types()
-    for name, module in _linear4bit_layers(model):
+    layers = _linear4bit_layers(model)
+    if not layers:
+        warnings.warn("nf4_ops.patch found no bitsandbytes Linear4bit layer in the model: nothing to patch",
+                      stacklevel=2)
+    for name, module in layers:
         if hasattr(module, _SAVED):
             continue
         reason = _unsupported_reason(module, kernel_devices)
@@ -158,10 +204,9 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
             continue
         saved = _SavedForward(module, kernel_devices)
         setattr(module, _SAVED, saved)
-        setattr(module, saved.attribute, types.MethodType(_patched_forward, module))
-    if not left_alone:
-        _mark_quantizer_compileable(model)
-    else:
+        setattr(module, saved.attribute, _patched_forward_of(module))
+    _mark_quantizer_compileable(model, [module for _, module in layers])
+    if left_alone:
         warnings.warn(
             f"nf4_ops.patch left {len(left_alone)} Linear4bit layer(s) on their original forward:\n  "
             + "\n  ".join(left_alone),
@@ -172,6 +217,8 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the forward every patched Linear4bit in `model` had before patch(); returns `model`."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     for _, module in _linear4bit_layers(model):
         saved = module.__dict__.pop(_SAVED, None)
         if saved is not None:
@@ -179,6 +226,7 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None and hasattr(type(quantizer), _UNMARKED_CLASS):
         quantizer.__class__ = getattr(type(quantizer), _UNMARKED_CLASS)
+        quantizer.__dict__.pop(_MODEL_LAYERS, None)
     return model
 
 

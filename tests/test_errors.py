@@ -3,6 +3,7 @@ CUDA and Meta kernels alike (they share one validator), never a crash or a wrong
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -299,7 +300,48 @@ def test_wrappers_refuse_a_negated_or_conjugated_packed():
 
 def test_wrappers_name_a_quant_state_that_is_not_one():
     packed = torch.zeros(384, 1, dtype=torch.uint8)
-    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState, got NoneType \(missing: absmax"):
+    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState, got NoneType without \.absmax"):
         nf4_ops.dequantize(packed, None)
-    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState, got dict"):
+    with pytest.raises(TypeError, match=r"quant_state must be a bitsandbytes QuantState, got dict without \.absmax"):
         nf4_ops.gemv(torch.zeros(2, 96), packed, {"absmax": None})
+
+
+# A field of a real QuantState spoiled, and the error the wrappers give: the field's path and what it must be.
+BAD_QUANT_STATE_FIELDS = [
+    ("absmax", None, r"quant_state\.absmax must be a tensor, got NoneType"),
+    ("blocksize", None, r"quant_state\.blocksize must be an int, got NoneType"),
+    ("shape", None, r"quant_state\.shape must be a sequence of ints, got NoneType"),
+    ("state2", None, r"quant_state\.state2 must be the QuantState of the nested absmax"),
+    ("offset", 0.5, r"quant_state\.offset must be a tensor, got float"),
+    ("state2.code", None, r"quant_state\.state2\.code must be a tensor, got NoneType"),
+]
+
+
+@pytest.mark.parametrize("path, value, message", BAD_QUANT_STATE_FIELDS, ids=[f[0] for f in BAD_QUANT_STATE_FIELDS])
+def test_wrappers_name_a_bad_quant_state_field(path, value, message):
+    quantized = bnb_quantize((8, 96), "nf4", 32, nested=True)
+    state = copy.copy(quantized.quant_state)
+    state.state2 = copy.copy(state.state2)
+    owner, _, name = path.rpartition(".")
+    setattr(getattr(state, owner) if owner else state, name, value)
+    with pytest.raises(TypeError, match=message):
+        nf4_ops.dequantize(quantized.packed, state)
+    with pytest.raises(TypeError, match=message):
+        nf4_ops.gemv(torch.zeros(2, 96), quantized.packed, state)
+
+
+def test_wrappers_name_an_argument_that_is_not_a_tensor():
+    quantized = bnb_quantize((8, 96), "nf4", 64, nested=False)
+    packed, state, x = quantized.packed, quantized.quant_state, torch.zeros(2, 96)
+    with pytest.raises(TypeError, match=r"packed must be a torch\.Tensor, got NoneType"):
+        nf4_ops.dequantize(None, state)
+    with pytest.raises(TypeError, match=r"out must be a torch\.Tensor or None, got int"):
+        nf4_ops.dequantize(packed, state, out=3)
+    with pytest.raises(TypeError, match=r"x must be a torch\.Tensor, got list"):
+        nf4_ops.gemv([[0.0] * 96], packed, state)
+    with pytest.raises(TypeError, match=r"bias must be a torch\.Tensor or None, got float"):
+        nf4_ops.gemv(x, packed, state, bias=1.0)
+    state = copy.copy(state)
+    state.dtype = None
+    with pytest.raises(TypeError, match=r"dtype was not given and quant_state\.dtype is not a torch\.dtype"):
+        nf4_ops.dequantize(packed, state)

@@ -3,6 +3,7 @@ LoRA, compile without graph breaks, and unpatch back to exactly what they were."
 
 from __future__ import annotations
 
+import copy
 import functools
 import pickle
 import subprocess
@@ -226,7 +227,7 @@ def test_layer_changed_after_patch_falls_back_once(tmp_root):
     expected = layer(x)
     original = type(layer).forward
     calls = []
-    layer._nf4_ops_saved_forward.original = lambda x: calls.append(1) or original(layer, x)
+    layer._nf4_ops_saved_forward.call_original = lambda module, x: calls.append(1) or original(module, x)
     layer.weight.quant_state.packing_format_for_cpu = True
     try:
         with pytest.warns(UserWarning, match="runs its original forward: weight repacked"):
@@ -238,6 +239,77 @@ def test_layer_changed_after_patch_falls_back_once(tmp_root):
     finally:
         del layer.weight.quant_state.packing_format_for_cpu
     assert torch.equal(layer(x), expected)
+
+
+def test_x_dtype_the_ops_do_not_take_is_an_error_not_a_fallback():
+    """With no compute dtype set, bitsandbytes computes in x's dtype. For float64 x on the CPU its forward gives
+    results that differ from call to call and from the float32 result (bitsandbytes 0.50.2, checked below), so
+    the patched layer does not fall back to it: it raises nf4::gemv's error, which names x's dtype."""
+    torch.manual_seed(0)
+    layer = bnb.nn.Linear4bit(96, 40, bias=True, compute_dtype=None, quant_type="nf4").to("cpu").train()
+    x = torch.randn(3, 96, dtype=torch.float64)
+    weight = bnb_dequantize_4bit(layer.weight.data, layer.weight.quant_state).double()
+    reference = torch.nn.functional.linear(x, weight, layer.bias.double())
+    with torch.no_grad():
+        bnb_fp64 = [layer(x) for _ in range(3)]  # its first call sets no compute dtype for float64 x
+    if all(torch.allclose(y, reference, rtol=1e-3, atol=1e-3) for y in bnb_fp64):
+        pytest.skip("this bitsandbytes computes float64 x right: a fallback to it would be an option")
+    layer.compute_type_is_set = False
+    nf4_ops.patch(layer)
+    with pytest.raises(RuntimeError, match=r"nf4::gemv: x must be Half, BFloat16 or Float, got Double"):
+        layer(x)
+
+
+def test_patched_model_pickles_and_deep_copies(tmp_root):
+    model = nf4_ops.patch(load_4bit(saved_tiny_model("llama", tmp_root)))
+    expected = logits(model)
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        layers = linear4bit_layers(copied)
+        assert all(nf4_ops.is_patched(m) for m in layers)
+        assert all(m.forward.args[0] is m for m in layers)  # each copy's forward runs that copy
+        assert copied.hf_quantizer.is_compileable
+        assert torch.equal(logits(copied), expected)
+        nf4_ops.unpatch(copied)
+        assert not any(nf4_ops.is_patched(m) or "forward" in m.__dict__ for m in layers)
+
+
+def test_accelerate_hooks_added_or_removed_around_patch_are_kept():
+    hooks = pytest.importorskip("accelerate.hooks")
+
+    class ScaleInput(hooks.ModelHook):  # a hook whose effect shows in the output
+        def pre_forward(self, module, *args, **kwargs):
+            return (args[0] * 2,) + args[1:], kwargs
+
+    torch.manual_seed(0)
+    # K a multiple of the blocksize: bitsandbytes' own CPU forward is the reference (see conftest.bnb_dequantize_4bit)
+    layer = bnb.nn.Linear4bit(128, 40, bias=False, compute_dtype=torch.float32, quant_type="nf4").to("cpu").train()
+    x = torch.randn(3, 128)
+    plain, doubled = layer(x), layer(2 * x)
+
+    # a hook added after patch(): unpatch() leaves it in place, around the original forward
+    nf4_ops.patch(layer)
+    hooks.add_hook_to_module(layer, ScaleInput())
+    torch.testing.assert_close(layer(x), doubled, rtol=1e-4, atol=1e-4)
+    nf4_ops.unpatch(layer)
+    assert not nf4_ops.is_patched(layer) and torch.equal(layer(x), doubled)
+    hooks.remove_hook_from_module(layer)
+    assert torch.equal(layer(x), plain)
+
+    # a hook present at patch() and removed before unpatch()
+    hooks.add_hook_to_module(layer, ScaleInput())
+    nf4_ops.patch(layer)
+    hooks.remove_hook_from_module(layer)
+    torch.testing.assert_close(layer(x), plain, rtol=1e-4, atol=1e-4)
+    nf4_ops.unpatch(layer)
+    assert not nf4_ops.is_patched(layer) and torch.equal(layer(x), plain)
+
+
+def test_patch_and_unpatch_name_a_model_that_is_not_a_module():
+    for function in (nf4_ops.patch, nf4_ops.unpatch):
+        with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module, got NoneType"):
+            function(None)
+    with pytest.warns(UserWarning, match=r"found no bitsandbytes Linear4bit layer"):
+        nf4_ops.patch(torch.nn.Linear(4, 4))
 
 
 def test_device_without_kernels_is_named():
@@ -335,6 +407,10 @@ def test_patch_lets_transformers_compile_generate_and_unpatch_takes_it_back(tmp_
     assert model.hf_quantizer.is_compileable
     assert not quantizer_class(model.hf_quantizer.quantization_config).is_compileable  # the shared class is untouched
     assert pickle.loads(pickle.dumps(model.hf_quantizer)).is_compileable  # a saved patched model loads again
+    nf4_ops.unpatch(model.model.layers[0])  # one layer's Linear4bit back on bitsandbytes: the mark goes too
+    assert not model.hf_quantizer.is_compileable
+    nf4_ops.patch(model)
+    assert model.hf_quantizer.is_compileable and type(model.hf_quantizer).__mro__[1] is quantizer_class
     nf4_ops.unpatch(model)
     assert type(model.hf_quantizer) is quantizer_class and not model.hf_quantizer.is_compileable
 
