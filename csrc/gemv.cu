@@ -1434,8 +1434,13 @@ constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (th
 // steps per warp) stay with the tensor-core kernel's one CTA per tile. fp32 x has no tensor-core kernel: on the
 // smallest layers it took the CUDA-core kernel, slower than bitsandbytes on Qwen's k/v (H100: 11.1 us against
 // 9.5, NOTES gemv row 57), so with split operands the one-row kernel takes every layer that gives each warp a
-// step (the kernel needs one).
+// step (the kernel needs one). A timing build may set the fp16 / bf16 rule with -DNF4_OR_MIN_STEPS_PER_WARP=n (NOTES
+// gemv row 140).
+#ifdef NF4_OR_MIN_STEPS_PER_WARP
+constexpr int kOrMinStepsPerWarp = NF4_OR_MIN_STEPS_PER_WARP;
+#else
 constexpr int kOrMinStepsPerWarp = 2;
+#endif
 constexpr int kOrMinStepsPerWarpSplit = 1;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 // Rows of fp16 / bf16 x that one launch of the one-row kernel takes together: each step's weights are decoded once
