@@ -1430,18 +1430,18 @@ constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (th
 // Layers with fewer steps per warp keep the tensor-core kernel. With 4-row tiles Llama's and Qwen's q/o layers
 // (16 and 10 steps per warp) took this kernel and were 11-19% faster than on the tensor-core kernel on both
 // GPUs (NOTES gemv rows 44-45; with 8-row tiles they had been 3-9% slower, rows 27 and 34), Gemma's q/o (5.5)
-// 17-21% (row 53), Llama's k/v (2) 4-9% and Gemma's k/v (2.75) the same to 0.1 us (row 53). Qwen's k/v (1.25
-// steps per warp) stay with the tensor-core kernel's one CTA per tile. fp32 x has no tensor-core kernel: on the
-// smallest layers it took the CUDA-core kernel, slower than bitsandbytes on Qwen's k/v (H100: 11.1 us against
-// 9.5, NOTES gemv row 57), so with split operands the one-row kernel takes every layer that gives each warp a
-// step (the kernel needs one). A timing build may set the fp16 / bf16 rule with -DNF4_OR_MIN_STEPS_PER_WARP=n (NOTES
-// gemv row 140).
+// 17-21% (row 53), Llama's k/v (2) 4-9% and Gemma's k/v (2.75) the same to 0.1 us (row 53), and Qwen's k/v (1.25)
+// 11% at one row of bf16 x and 16% on nested absmax on an H100, 3% at 2 rows, even at 3 (row 140), where the
+// tensor-core kernel's one CTA per 16-row tile left half the SMs idle. So every layer that gives each warp a step
+// (the kernel needs one) takes it, for every x dtype (fp32 x has no tensor-core kernel; on the smallest layers it
+// took the CUDA-core kernel, slower than bitsandbytes on Qwen's k/v: row 57). A timing build may set another
+// minimum with -DNF4_OR_MIN_STEPS_PER_WARP=n for fp16 / bf16 x (row 140's base: 2).
+constexpr int kOrMinStepsPerWarpSplit = 1;
 #ifdef NF4_OR_MIN_STEPS_PER_WARP
 constexpr int kOrMinStepsPerWarp = NF4_OR_MIN_STEPS_PER_WARP;
 #else
-constexpr int kOrMinStepsPerWarp = 2;
+constexpr int kOrMinStepsPerWarp = kOrMinStepsPerWarpSplit;
 #endif
-constexpr int kOrMinStepsPerWarpSplit = 1;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 // Rows of fp16 / bf16 x that one launch of the one-row kernel takes together: each step's weights are decoded once
 // (the byte permutes and table reads that bound the kernel) and feed one set of mmas per row of x, whose x loads,
@@ -1980,8 +1980,8 @@ void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int
 // for a CTA's rows fit its shared memory (kOrNestedMaxBlocks), whole 512-element steps or
 // a last half step per row, W rows that start on absmax block boundaries (its scale addresses step by whole rows
 // of blocks), and enough steps (a half step counted as one) that every warp of the CTA with the fewest rows (one
-// CTA per SM) has kOrMinStepsPerWarp, kOrMinStepsPerWarpSplit with split operands (the smallest fp16 / bf16
-// layers, with fewer, keep the tensor-core kernel's one CTA per tile: row 53 measured none of them on this one).
+// CTA per SM) has kOrMinStepsPerWarp, kOrMinStepsPerWarpSplit with split operands (both one step: layers with
+// fewer, where some warp would have none, keep the tensor-core kernel's one CTA per tile).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
 // leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29); with 4-row
 // tiles, 11-21% on the q/o layers it then took too (rows 45 and 53).

@@ -86,13 +86,13 @@ def main():
         packed, args = random_weight(wide_n, wide_k, 64, nested)
         failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
     # The one-row kernel (one row of x, plain absmax, K % 256 == 0 and K % blocksize == 0, a range of N / SMs rows
-    # per CTA and at least 2 steps of 4 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
+    # per CTA and at least 1 step of 4 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
     # one_row_shape, whose test checks which kernel runs): 17 steps per tile, 8 tiles per CTA (8-9 steps per
     # warp, so the warps refill their rings of loads), each CTA's last tile of 2 or 3 rows (its others load as
     # zeros), tiles shared by two or three warps of a CTA; the same with each row's last step a half step
     # (K % 512 == 256), whose upper lanes must read nothing past W's and x's rows; and 2 tiles per CTA (2-3 steps
-    # per warp: runs shorter than the ring); and 1 tile per CTA (1-2 steps per warp: fp32 x only, bf16 x takes the
-    # tensor-core kernel there). Each with bf16 x (1 row, and 2 and 3 rows decoded together where csrc/ops.h's
+    # per warp: runs shorter than the ring); and 1 tile per CTA (1-2 steps per warp, most warps one, as on Qwen's
+    # k/v: the kernel's minimum since NOTES gemv row 140). Each with bf16 x (1 row, and 2 and 3 rows decoded together where csrc/ops.h's
     # kOneRowXRowLimits allow: 3 on the 16.5 MiB W, 2 on the 3.3 MiB one, whose 3 rows take the tensor-core kernel)
     # and with fp32 x (split into bf16 parts), and 3 rows of fp32 x (one
     # launch that takes the rows one after another: csrc/ops.h kOneRowFp32RowLimits); and each with nested absmax

@@ -233,6 +233,8 @@ def test_gemv_tensor_core_tiling(shape_name, nested, rows, tmp_path):
     shape, blocksize, adds_parts = TENSOR_CORE_SHAPES[shape_name]
     if adds_parts and warpgroup_takes(shape, rows):
         pytest.skip("the warpgroup kernel takes this call here (test_gemv_warpgroup_kernel); NF4_OPS_WGMMA=0 tests it")
+    if rows == 1 and one_row_kernel_takes(shape, blocksize, nested):  # the one-CTA-per-tile shapes since row 140
+        pytest.skip("the one-row kernel takes this call (test_gemv_one_row_kernel); few_turns keeps one row here")
     out, x, packed, args, bias, profile = profiled_gemv_with_bias(shape, blocksize, nested, rows)
     names = [event.name for event in profile.events()]
     assert sum("tc_gemv_kernel" in name for name in names) == 1, names
@@ -423,8 +425,7 @@ torch.save(torch.ops.nf4.gemv(x, packed, bias=bias, **args).cpu(), {str(tmp_path
 # The one-row kernel's tiling (csrc/gemv.cu: kOrRows, kOrMinStepsPerWarp, kOrWarps), which the shapes below are
 # built around; the test fails, not passes vacuously, if the kernel's rule changes, since it asserts which
 # kernel ran.
-ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 2, 16
-ONE_ROW_MIN_STEPS_PER_WARP_FP32 = 1  # kOrMinStepsPerWarpSplit: fp32 x has no tensor-core kernel to keep small layers
+ONE_ROW_TILE_ROWS, ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_WARPS = 4, 1, 16  # every x dtype (NOTES gemv row 140)
 ONE_ROW_NESTED_MAX_BLOCKS = 4096  # kOrNestedMaxBlocks: the nested absmax values a CTA holds in shared memory
 ONE_ROW_MAX_X_ROWS = 3  # kOrMaxXRows: the most rows of fp16 / bf16 x that the kernel decodes together
 # csrc/ops.h kOneRowXRowLimits (memory below 4 TB/s) and kOneRowXRowLimitsFastMemory: (from this many MiB of packed W,
@@ -442,12 +443,8 @@ def one_row_max_x_rows(shape: tuple[int, int]) -> int:
     return rows
 
 
-def one_row_min_steps_per_warp(dtype: torch.dtype) -> int:
-    return ONE_ROW_MIN_STEPS_PER_WARP_FP32 if dtype == torch.float32 else ONE_ROW_MIN_STEPS_PER_WARP
-
-
 def one_row_kernel_takes(
-    shape: tuple[int, int], blocksize: int, nested: bool, dtype=torch.bfloat16, nested_blocksize: int = 256
+    shape: tuple[int, int], blocksize: int, nested: bool, nested_blocksize: int = 256
 ) -> bool:
     """Whether one row of x (fp16, bf16 or fp32) on this W takes the one-row kernel (csrc/gemv.cu
     one_row_gemv_applies, on this GPU's SM count), for tests that must know which kernel a call takes. Nested
@@ -458,19 +455,19 @@ def one_row_kernel_takes(
     steps = -(-fewest_rows // ONE_ROW_TILE_ROWS) * -(-k // 512)  # a last half step (K % 512 == 256) counts as one
     nested_blocks = -(-n // sms) * (k // blocksize) // nested_blocksize + 2
     return ((not nested or nested_blocks <= ONE_ROW_NESTED_MAX_BLOCKS) and k % 256 == 0 and k % blocksize == 0
-            and steps >= one_row_min_steps_per_warp(dtype) * ONE_ROW_WARPS)  # fmt: skip
+            and steps >= ONE_ROW_MIN_STEPS_PER_WARP * ONE_ROW_WARPS)  # fmt: skip
 
 
 def one_row_shape(steps: int, half_step: bool = False, steps_per_warp: int = 8) -> tuple[int, int]:
     """A weight that takes the one-row kernel at one row of x (K % 256 == 0, one CTA of 16 warps per SM, each
-    CTA a range of N / SMs rows tiled in 4-row tiles, and at least 2 steps of 4 rows x 512 elements per warp of
-    the CTA with the fewest rows, 1 with fp32 x; the kernel also needs K % blocksize == 0), with `steps` steps
+    CTA a range of N / SMs rows tiled in 4-row tiles, and at least 1 step of 4 rows x 512 elements per warp of
+    the CTA with the fewest rows; the kernel also needs K % blocksize == 0), with `steps` steps
     per tile, the last of them a half step (256 elements) if `half_step`, and about `steps_per_warp` (>= the
     kernel's minimum) steps per warp: 8, runs long enough to refill the warp's ring of loads (4 steps), unless told
     otherwise.
     The CTAs get 4 t - 2 or 4 t - 1 rows (t tiles each), so every CTA's last tile has 2 or 3 rows (its other
     rows load as zeros)."""
-    assert steps_per_warp >= min(ONE_ROW_MIN_STEPS_PER_WARP, ONE_ROW_MIN_STEPS_PER_WARP_FP32)
+    assert steps_per_warp >= ONE_ROW_MIN_STEPS_PER_WARP
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles_per_cta = -(-steps_per_warp * ONE_ROW_WARPS // steps)
     return (ONE_ROW_TILE_ROWS * tiles_per_cta - 2) * sms + 7, 512 * steps - (256 if half_step else 0)
@@ -483,8 +480,8 @@ def one_row_shape(steps: int, half_step: bool = False, steps_per_warp: int = 8) 
 # on a block); one step per tile (K = 512, ~67k rows of W), where no tile is shared; and rows that end in a half
 # step (K % 512 == 256, as Gemma's K = 5376), one half step alone per row (K = 256) among them, and one where
 # blocks of 512 then span rows (the tensor-core kernel). The last field: steps per warp, 8 (refills of the load
-# ring) but for two cases at the kernel's minimum of 2 (runs shorter than the ring, as on the k/v layers) and two
-# fp32 cases at fp32's minimum of 1.
+# ring) but for two cases at 2 (runs shorter than the ring, as on Llama's k/v) and four at the kernel's minimum of
+# 1 (as on Qwen's k/v: most warps one step, a few two), two of them fp32.
 ONE_ROW_CASES = [
     (1, False, 512, "nf4", torch.bfloat16, True, 8),
     (17, False, 64, "nf4", torch.bfloat16, True, 8),
@@ -502,6 +499,8 @@ ONE_ROW_CASES = [
     (18, True, 512, "fp4", torch.bfloat16, True, 8),
     (16, False, 64, "nf4", torch.bfloat16, True, 2),
     (11, True, 64, "fp4", torch.float16, False, 2),
+    (10, False, 64, "nf4", torch.bfloat16, True, 1),  # the minimum, 1 step per warp (NOTES gemv row 140)
+    (11, True, 256, "fp4", torch.float16, False, 1),
     # fp32 x (split into bf16 parts: csrc/gemv.cu, MmaOperand), where a bf16 x would miss the tolerance rule by far;
     # blocks of 4096 at K = 5120 take the CUDA-core kernel instead
     (17, False, 64, "nf4", torch.float32, True, 8),
@@ -510,7 +509,7 @@ ONE_ROW_CASES = [
     (11, True, 128, "fp4", torch.float32, False, 8),
     (1, True, 256, "nf4", torch.float32, True, 8),
     (16, False, 64, "nf4", torch.float32, True, 2),
-    (10, False, 64, "nf4", torch.float32, True, 1),  # fp32's minimum, 1 step per warp (bf16 x: the tensor-core kernel)
+    (10, False, 64, "nf4", torch.float32, True, 1),  # the minimum, 1 step per warp
     (11, True, 256, "fp4", torch.float32, False, 1),
 ]
 
@@ -539,7 +538,7 @@ def test_gemv_one_row_kernel(case):
     # start on an absmax block), and if it took it anywhere else (there the tensor-core kernel must, or for fp32 x
     # the CUDA-core one)
     takes_one_row = shape[1] % blocksize == 0
-    assert one_row_kernel_takes(shape, blocksize, False, dtype) == takes_one_row  # the helper agrees with the shapes
+    assert one_row_kernel_takes(shape, blocksize, False) == takes_one_row  # the helper agrees with the shapes
     other_kernel = "fused_gemv_kernel" if dtype == torch.float32 else "tc_gemv_kernel"  # fp32: the CUDA-core kernel
     kernel = "one_row_gemv_kernel" if takes_one_row else other_kernel
     assert sum(kernel in name for name in names) == 1 and sum("gemv_kernel" in name for name in names) == 1, names
@@ -644,7 +643,7 @@ def test_gemv_fp32_rows(steps, half_step, steps_per_warp, nested):
     step (K % 512 == 256) too, where a row's upper lanes must not read into the next row of x; plain and nested
     absmax."""
     shape = one_row_shape(steps, half_step, steps_per_warp)
-    assert one_row_kernel_takes(shape, 64, nested, torch.float32)
+    assert one_row_kernel_takes(shape, 64, nested)
     limit = row_limit(ONE_ROW_FP32_ROW_LIMITS, shape)
     packed, args = weight_on("cuda", shape, "nf4", 64, nested)
     x = random_x((limit + 1, shape[1]), torch.float32, "cuda")
@@ -667,11 +666,12 @@ def test_gemv_fp32_rows(steps, half_step, steps_per_warp, nested):
 
 # (steps per tile, last step a half step, blocksize, quant_type, steps per warp, x's dtype): nested absmax on a W that
 # the one-row kernel takes, at blocksizes of one segment, of two and of a whole step, rows ending in a half step,
-# and the kernel's minimum of 2 steps per warp (1 with fp32 x).
+# and the kernel's minimum of 1 step per warp.
 ONE_ROW_NESTED_CASES = [
     (17, False, 64, "nf4", 8, torch.bfloat16),
     (11, True, 128, "fp4", 2, torch.float16),
     (10, False, 512, "nf4", 2, torch.bfloat16),
+    (10, False, 512, "nf4", 1, torch.bfloat16),
     (17, False, 64, "nf4", 8, torch.float32),
     (11, True, 128, "fp4", 2, torch.float32),
     (10, False, 512, "nf4", 1, torch.float32),
@@ -694,7 +694,7 @@ def test_gemv_nested_one_row(case, nested_blocksize):
     as dequantize's)."""
     steps, half_step, blocksize, quant_type, steps_per_warp, dtype = case
     shape = one_row_shape(steps, half_step, steps_per_warp)
-    assert one_row_kernel_takes(shape, blocksize, True, dtype, nested_blocksize)
+    assert one_row_kernel_takes(shape, blocksize, True, nested_blocksize)
     packed, args = weight_on("cuda", shape, quant_type, blocksize, True)
     # bitsandbytes quantizes the absmax in blocks of 256; other nested blocksizes are valid op input too (the nested
     # absmax values are taken as they are), so the test re-blocks the same codes with one value per 32 blocks, which
@@ -733,7 +733,7 @@ def test_gemv_nested_one_row_half_step_stays_in_row(dtype):
     row 16 and the first of them where row 15's last step overruns; an Inf there must leave every other row's output
     as it was, bit for bit (row 16 itself turns non-finite, as its scales are)."""
     shape = one_row_shape(11, True, 2)
-    assert shape[1] == 5376 and one_row_kernel_takes(shape, 128, True, dtype, 32)
+    assert shape[1] == 5376 and one_row_kernel_takes(shape, 128, True, 32)
     packed, args = weight_on("cuda", shape, "nf4", 128, True)
     blocks = args["absmax"].numel()
     generator = torch.Generator().manual_seed(12)
