@@ -16,7 +16,8 @@ accelerate's hooks may be added or removed before or after patch(), and unpatch(
 transformers' `generate` compiles the decode step itself (static cache, `compile_config`, CUDA graphs) only
 for models its quantizer calls compileable, and its bitsandbytes quantizer says no. Once every Linear4bit
 runs on the nf4 ops (which compile with fullgraph and CUDA graphs), the model's quantizer says yes, so that path
-runs: patch() marks it, the mark holds while every Linear4bit of the model is patched, and unpatch() removes it.
+runs: patch() marks it, the mark holds while every Linear4bit the model had at patch() is patched (one added later
+needs another patch()), and unpatch() removes it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import functools
 import types
 import warnings
+import weakref
 from typing import Optional
 
 import torch
@@ -144,31 +146,57 @@ def _linear4bit_layers(model):
 
 
 # The attribute of a marked quantizer's class that holds the class it had before patch(), and the attribute of a
-# marked quantizer that lists the model's Linear4bit layers.
+# marked quantizer that holds weak references to the Linear4bit layers its model had at patch().
 _UNMARKED_CLASS = "_nf4_ops_unmarked_class"
 _MODEL_LAYERS = "_nf4_ops_model_layers"
 
 
 def _every_layer_patched(quantizer) -> bool:
-    return all(is_patched(layer) for layer in quantizer.__dict__.get(_MODEL_LAYERS, ()))
+    """The marked quantizer's `is_compileable`: whether every Linear4bit its model had at patch() and still has is
+    patched (a layer since replaced and freed no longer counts; one added since was never patched: patch again)."""
+    for layer_ref in quantizer.__dict__.get(_MODEL_LAYERS, ()):
+        layer = layer_ref()
+        if layer is not None and not is_patched(layer):
+            return False
+    return True
+
+
+def _reduce_marked_quantizer(quantizer, protocol):
+    """Pickles (and deep-copies) a marked quantizer as its class's maker and its state, the layers held strongly
+    there (weak references do not pickle): the subclass is made at patch(), so another process has no such global
+    until this rebuilds it."""
+    state = dict(quantizer.__dict__)
+    layers = (layer_ref() for layer_ref in state.get(_MODEL_LAYERS, ()))
+    state[_MODEL_LAYERS] = [layer for layer in layers if layer is not None]
+    return _new_marked_quantizer, (getattr(type(quantizer), _UNMARKED_CLASS),), state
+
+
+def _new_marked_quantizer(quantizer_class: type):
+    subclass = _compileable_class(quantizer_class)
+    return subclass.__new__(subclass)
+
+
+def _set_marked_quantizer_state(quantizer, state: dict) -> None:
+    quantizer.__dict__.update(state)
+    quantizer.__dict__[_MODEL_LAYERS] = [weakref.ref(layer) for layer in state.get(_MODEL_LAYERS, ())]
 
 
 @functools.lru_cache(maxsize=None)
 def _compileable_class(quantizer_class: type) -> type:
     """`quantizer_class` whose `is_compileable` is True while every Linear4bit of the model is patched (one subclass
-    per class, so unpatch can go back). It is a global of this module under its own name, so that a pickled patched
-    model finds it again."""
+    per class, so unpatch can go back)."""
     name = f"_Nf4OpsCompileable{quantizer_class.__name__}"
-    subclass = type(name, (quantizer_class,), {"is_compileable": property(_every_layer_patched),
-                                               _UNMARKED_CLASS: quantizer_class, "__module__": __name__})  # fmt: skip
-    globals()[name] = subclass
-    return subclass
+    return type(name, (quantizer_class,), {"is_compileable": property(_every_layer_patched),
+                                           "__reduce_ex__": _reduce_marked_quantizer,
+                                           "__setstate__": _set_marked_quantizer_state,
+                                           _UNMARKED_CLASS: quantizer_class, "__module__": __name__})  # fmt: skip
 
 
 def _mark_quantizer_compileable(model: torch.nn.Module, layers: list) -> None:
     """Lets transformers' generate compile the patched model (see the module docstring): only this model's
     quantizer object changes class, never the class bitsandbytes-quantized models share. The mark holds while
-    every one of `layers` is patched, so unpatching some of them (unpatch on a submodule) takes it away too."""
+    every one of `layers` is patched, so unpatching some of them (unpatch on a submodule) takes it away too. It
+    holds the layers weakly: a layer replaced after patch() is not kept alive by it."""
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is None:
         return
@@ -176,7 +204,7 @@ def _mark_quantizer_compileable(model: torch.nn.Module, layers: list) -> None:
         if getattr(quantizer, "is_compileable", True):  # compileable without the mark
             return
         quantizer.__class__ = _compileable_class(type(quantizer))
-    quantizer.__dict__[_MODEL_LAYERS] = layers
+    quantizer.__dict__[_MODEL_LAYERS] = [weakref.ref(layer) for layer in layers]
 
 
 def patch(model: torch.nn.Module) -> torch.nn.Module:

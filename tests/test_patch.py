@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import pickle
 import subprocess
 import sys
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -260,7 +262,7 @@ def test_x_dtype_the_ops_do_not_take_is_an_error_not_a_fallback():
         layer(x)
 
 
-def test_patched_model_pickles_and_deep_copies(tmp_root):
+def test_patched_model_pickles_and_deep_copies(tmp_root, tmp_path):
     model = nf4_ops.patch(load_4bit(saved_tiny_model("llama", tmp_root)))
     expected = logits(model)
     for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
@@ -271,6 +273,30 @@ def test_patched_model_pickles_and_deep_copies(tmp_root):
         assert torch.equal(logits(copied), expected)
         nf4_ops.unpatch(copied)
         assert not any(nf4_ops.is_patched(m) or "forward" in m.__dict__ for m in layers)
+    # and in a process that never ran patch() (where the quantizer's marked class does not exist until loading makes it)
+    torch.save(model, tmp_path / "model.pt")
+    torch.save(expected, tmp_path / "expected.pt")
+    child = run_child(
+        "import sys, torch; sys.path.insert(0, 'tests'); import test_patch as t, nf4_ops\n"
+        f"model = torch.load({str(tmp_path / 'model.pt')!r}, weights_only=False)\n"
+        "assert model.hf_quantizer.is_compileable and all(nf4_ops.is_patched(m) for m in t.linear4bit_layers(model))\n"
+        f"assert torch.equal(t.logits(model), torch.load({str(tmp_path / 'expected.pt')!r}))\n"
+        "nf4_ops.unpatch(model.model.layers[0])\n"
+        "assert not model.hf_quantizer.is_compileable\n"
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+
+
+def test_quantizer_mark_holds_its_layers_weakly(tmp_root):
+    """A layer replaced after patch() is freed, and no longer counts for the quantizer's mark."""
+    model = nf4_ops.patch(load_4bit(saved_tiny_model("llama", tmp_root)))
+    attention = model.model.layers[0].self_attn
+    replaced = weakref.ref(attention.q_proj)
+    nf4_ops.unpatch(attention.q_proj)
+    assert not model.hf_quantizer.is_compileable
+    attention.q_proj = torch.nn.Identity()
+    gc.collect()
+    assert replaced() is None and model.hf_quantizer.is_compileable
 
 
 def test_accelerate_hooks_added_or_removed_around_patch_are_kept():
@@ -286,22 +312,31 @@ def test_accelerate_hooks_added_or_removed_around_patch_are_kept():
     x = torch.randn(3, 128)
     plain, doubled = layer(x), layer(2 * x)
 
-    # a hook added after patch(): unpatch() leaves it in place, around the original forward
+    def patched_forward_left(module):  # the patched forward in any of the layer's attributes
+        return [name for name, value in vars(module).items()
+                if isinstance(value, functools.partial) and value.func is sys.modules["nf4_ops.patch"]._patched_forward]  # fmt: skip
+
+    # a hook added after patch(): it wraps the patched forward, and unpatch() leaves it in place around the original
     nf4_ops.patch(layer)
     hooks.add_hook_to_module(layer, ScaleInput())
+    assert patched_forward_left(layer) == ["_old_forward"]  # what the hook calls: the nf4 ops
     torch.testing.assert_close(layer(x), doubled, rtol=1e-4, atol=1e-4)
     nf4_ops.unpatch(layer)
-    assert not nf4_ops.is_patched(layer) and torch.equal(layer(x), doubled)
+    assert not nf4_ops.is_patched(layer) and not patched_forward_left(layer)
+    assert layer._old_forward.__func__ is type(layer).forward and torch.equal(layer(x), doubled)
     hooks.remove_hook_from_module(layer)
-    assert torch.equal(layer(x), plain)
+    assert "forward" in layer.__dict__ and torch.equal(layer(x), plain)  # accelerate's own restore
 
     # a hook present at patch() and removed before unpatch()
+    del layer.forward
     hooks.add_hook_to_module(layer, ScaleInput())
     nf4_ops.patch(layer)
     hooks.remove_hook_from_module(layer)
+    assert patched_forward_left(layer) == ["forward"]
     torch.testing.assert_close(layer(x), plain, rtol=1e-4, atol=1e-4)
     nf4_ops.unpatch(layer)
-    assert not nf4_ops.is_patched(layer) and torch.equal(layer(x), plain)
+    assert not nf4_ops.is_patched(layer) and not patched_forward_left(layer)
+    assert layer.forward.__func__ is type(layer).forward and torch.equal(layer(x), plain)
 
 
 def test_patch_and_unpatch_name_a_model_that_is_not_a_module():
