@@ -1434,14 +1434,8 @@ constexpr int kOrWarps = NF4_OR_WARPS;      // warps per CTA, one CTA per SM (th
 // 11% at one row of bf16 x and 16% on nested absmax on an H100, 3% at 2 rows, even at 3 (row 140), where the
 // tensor-core kernel's one CTA per 16-row tile left half the SMs idle. So every layer that gives each warp a step
 // (the kernel needs one) takes it, for every x dtype (fp32 x has no tensor-core kernel; on the smallest layers it
-// took the CUDA-core kernel, slower than bitsandbytes on Qwen's k/v: row 57). A timing build may set another
-// minimum with -DNF4_OR_MIN_STEPS_PER_WARP=n for fp16 / bf16 x (row 140's base: 2).
-constexpr int kOrMinStepsPerWarpSplit = 1;
-#ifdef NF4_OR_MIN_STEPS_PER_WARP
-constexpr int kOrMinStepsPerWarp = NF4_OR_MIN_STEPS_PER_WARP;
-#else
-constexpr int kOrMinStepsPerWarp = kOrMinStepsPerWarpSplit;
-#endif
+// took the CUDA-core kernel, slower than bitsandbytes on Qwen's k/v: row 57).
+constexpr int kOrMinStepsPerWarp = 1;
 static_assert(kOrRows % 2 == 0 && kOrRows <= 32, "NF4_OR_ROWS: even, at most 32 (one lane writes each row)");
 // Rows of fp16 / bf16 x that one launch of the one-row kernel takes together: each step's weights are decoded once
 // (the byte permutes and table reads that bound the kernel) and feed one set of mmas per row of x, whose x loads,
@@ -1980,14 +1974,13 @@ void launch_add_tile_parts(const float* partial, int64_t workers, int turns, int
 // for a CTA's rows fit its shared memory (kOrNestedMaxBlocks), whole 512-element steps or
 // a last half step per row, W rows that start on absmax block boundaries (its scale addresses step by whole rows
 // of blocks), and enough steps (a half step counted as one) that every warp of the CTA with the fewest rows (one
-// CTA per SM) has kOrMinStepsPerWarp, kOrMinStepsPerWarpSplit with split operands (both one step: layers with
-// fewer, where some warp would have none, keep the tensor-core kernel's one CTA per tile).
+// CTA per SM) has kOrMinStepsPerWarp (one step: layers with fewer, where some warp would have none, keep the
+// tensor-core kernel's one CTA per tile).
 // Where it applies it was 4-8% faster than the tensor-core kernel on an H100 (NOTES gemv row 27) and, since its
 // leaner loads (row 31), 0-5% faster on an H200 (row 33; before row 31 it was slower there, row 29); with 4-row
 // tiles, 11-21% on the q/o layers it then took too (rows 45 and 53).
 bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksize_log2, int64_t rows, int64_t cols,
                           bool split_operands) {
-  const int min_steps_per_warp = split_operands ? kOrMinStepsPerWarpSplit : kOrMinStepsPerWarp;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;  // one CTA per SM
   const int64_t fewest_rows = rows / sms;  // per CTA
   const int64_t steps = (cols + kOrStep - 1) / kOrStep;  // per tile
@@ -1997,7 +1990,7 @@ bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksi
       split_operands ? 1 : std::min<int64_t>(kOrMaxXRows, one_row_gemv_max_x_rows(rows, cols, peak_memory_GBps()));
   return x_rows >= 1 && x_rows <= max_x_rows && nested_fit && cols % (kOrStep / 2) == 0 &&
          cols % (int64_t{1} << blocksize_log2) == 0 &&
-         (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{min_steps_per_warp} * kOrWarps;
+         (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{kOrMinStepsPerWarp} * kOrWarps;
 }
 
 // The most rows of fp32 x that take the one-row kernel (ops.h); a tuning build (benchmarks/NOTES.md, gemv row 59)
