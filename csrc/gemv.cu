@@ -1034,7 +1034,8 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 // kWarpgroupXRows (NOTES gemv rows 99, 101, 104, 106).
 // Its second kernel (add_tile_parts_kernel) cost it 2-4.5 us a call (row 99), 1-2.5 us less since row 105's CTA
 // per tile, and still 3-7.6 us at 16 rows in row 120, 1-4 us less since row 121b's two outputs a thread; adding the
-// parts in the kernel, in clusters (row 100) or by the last sharer (rows 102-102c), was slower.
+// parts in the kernel, in clusters (row 100), by the last sharer (rows 102-102c) or by the first (row 141), was
+// slower.
 // The layers whose 16-row tiles take one CTA per tile (the k/v layers: too few tiles to fill the GPU with 64-row
 // ones; 27-57% slower in row 98's probe) keep the tensor-core kernel.
 // Stream-K as in tc_gemv_kernel, over teams: each takes a contiguous run of the (team tile, turn) sequence, writes
