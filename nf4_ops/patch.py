@@ -207,6 +207,12 @@ def _mark_quantizer_compileable(model: torch.nn.Module, layers: list) -> None:
     quantizer.__dict__[_MODEL_LAYERS] = [weakref.ref(layer) for layer in layers]
 
 
+def _check_model(model) -> None:
+    """patch()'s and unpatch()'s argument check."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+
+
 def patch(model: torch.nn.Module) -> torch.nn.Module:
     """Makes every bitsandbytes Linear4bit in `model` run on nf4::gemv / nf4::dequantize; returns `model`.
 
@@ -215,8 +221,7 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
     transformers model's quantizer says it is compileable, so `generate` with a static cache compiles the
     decode step as it does for unquantized models (`generation_config.disable_compile` turns that off).
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_model(model)
     left_alone = []
     kernel_devices = _kernel_device_types()
     layers = _linear4bit_layers(model)
@@ -245,8 +250,7 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the forward every patched Linear4bit in `model` had before patch(); returns `model`."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    _check_model(model)
     for _, module in _linear4bit_layers(model):
         saved = module.__dict__.pop(_SAVED, None)
         if saved is not None:
