@@ -1044,6 +1044,9 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 #ifndef NF4_WG_GROUPS
 #define NF4_WG_GROUPS 3
 #endif
+#ifndef NF4_WG_WHOLE_TILE_GRID
+#define NF4_WG_WHOLE_TILE_GRID 0
+#endif
 #ifndef NF4_WG_MIN_X_ROWS
 #define NF4_WG_MIN_X_ROWS 4
 #endif
@@ -2123,8 +2126,15 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
         int64_t{prepare_wg_kernel<T, kN, kNested>()} * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     using Shape = WgShape<kN>;
     const int turns = static_cast<int>(cols / kTcTurn);
-    const int64_t total = (rows + Shape::kTeamRows - 1) / Shape::kTeamRows * turns;
-    const int64_t grid = stream_k_grid(total, Shape::kTeams, resident);
+    const int64_t tiles = (rows + Shape::kTeamRows - 1) / Shape::kTeamRows;
+    const int64_t total = tiles * turns;
+    // Timing knob (NOTES gemv row 143): where the team tiles come to between NF4_WG_WHOLE_TILE_GRID percent of the
+    // resident CTAs and all of them, one whole team tile a team (SMs left idle), so no tile is shared and no adding
+    // kernel runs. 0: off.
+    const bool whole_tiles = NF4_WG_WHOLE_TILE_GRID > 0 && tiles % Shape::kTeams == 0 &&
+                             tiles / Shape::kTeams <= resident &&
+                             tiles / Shape::kTeams * 100 >= resident * NF4_WG_WHOLE_TILE_GRID;
+    const int64_t grid = whole_tiles ? tiles / Shape::kTeams : stream_k_grid(total, Shape::kTeams, resident);
     const int64_t teams = grid * Shape::kTeams;
     at::Tensor partial = at::empty({tc_partial_floats(teams, x_rows, Shape::kTeamRows)},
                                    like.options().dtype(at::kFloat));
@@ -2132,7 +2142,7 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     launch_kernel(wg_gemv_kernel<T, kN, kNested>, dim3(static_cast<unsigned>(grid)), kWgWarps * 32,
                   WgShape<kN>::kSharedBytes, stream, 1, x, packed, scales, spec.quant_type, spec.blocksize_log2, rows,
                   cols, int(x_rows), bias, out, partial_data);
-    if (turns > 1) {  // with one turn per tile no tile is shared
+    if (turns > 1 && !whole_tiles) {  // with one turn per tile no tile is shared
       static std::atomic<int64_t> attributes[64] = {};
       const CtaFootprint writer =
           cta_footprint(attributes, wg_gemv_kernel<T, kN, kNested>, kWgWarps * 32, WgShape<kN>::kSharedBytes);
