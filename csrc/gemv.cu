@@ -1044,8 +1044,8 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 #ifndef NF4_WG_GROUPS
 #define NF4_WG_GROUPS 3
 #endif
-#ifndef NF4_WG_WHOLE_TILE_GRID
-#define NF4_WG_WHOLE_TILE_GRID 0
+#ifndef NF4_WG_WHOLE_TILE_MIN_PERCENT
+#define NF4_WG_WHOLE_TILE_MIN_PERCENT 85
 #endif
 #ifndef NF4_WG_MIN_X_ROWS
 #define NF4_WG_MIN_X_ROWS 4
@@ -2112,9 +2112,25 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 #endif
 }
 
+// The warpgroup kernel's grid where each team takes one team tile whole, or 0 where stream-K's grid is better: where
+// the tiles come to kWgWholeTileMinPercent-100% of the resident CTAs' teams (and fill whole CTAs), one CTA per
+// kTeams tiles leaves the rest of the SMs idle, but no tile is shared, so no parts are stored and no adding kernel
+// runs. On an H100 that was 3-11% faster at 8 and 16 rows from 85% to 99% of the 132 SMs (Gemma-27B's gate/up, 112
+// team tiles: 34.0 -> 32.2 us at 16 rows), +2 to -4% at 76-80%, and 6-33% slower at 53-65%, at K = 5376 and 8192
+// (NOTES gemv rows 143-143b): the CTAs' pace rises with fewer SMs pulling from DRAM, and the second kernel's ~3 us
+// goes. (The build knob NF4_WG_WHOLE_TILE_MIN_PERCENT sets the fraction for A/Bs; above 100 turns this off.)
+constexpr int kWgWholeTileMinPercent = NF4_WG_WHOLE_TILE_MIN_PERCENT;
+int64_t wg_whole_tile_grid(int64_t tiles, int teams_per_cta, int64_t resident_ctas) {
+  const int64_t ctas = tiles / teams_per_cta;
+  const bool whole = tiles % teams_per_cta == 0 && ctas <= resident_ctas &&
+                     ctas * 100 >= resident_ctas * kWgWholeTileMinPercent;
+  return whole ? ctas : 0;
+}
+
 // One launch of wg_gemv_kernel (wgmma's N: 8 for up to 8 rows of x, else 16), then add_tile_parts_kernel for the
 // team tiles that several teams shared. The grid has at most one CTA per kTeams * kTcMinTurnsPerWarp team turns (on
-// layers with fewer turns than resident teams x kTcMinTurnsPerWarp, teams get about that many).
+// layers with fewer turns than resident teams x kTcMinTurnsPerWarp, teams get about that many), or is
+// wg_whole_tile_grid's, with no second kernel.
 template <typename T>
 void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales, const WeightSpec& spec,
                     int64_t rows, int64_t cols, int64_t x_rows, const T* bias, T* out, const at::Tensor& like,
@@ -2128,15 +2144,12 @@ void launch_wg_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
     const int turns = static_cast<int>(cols / kTcTurn);
     const int64_t tiles = (rows + Shape::kTeamRows - 1) / Shape::kTeamRows;
     const int64_t total = tiles * turns;
-    // Timing knob (NOTES gemv row 143): where the team tiles come to between NF4_WG_WHOLE_TILE_GRID percent of the
-    // resident CTAs and all of them, one whole team tile a team (SMs left idle), so no tile is shared and no adding
-    // kernel runs. 0: off.
-    const bool whole_tiles = NF4_WG_WHOLE_TILE_GRID > 0 && tiles % Shape::kTeams == 0 &&
-                             tiles / Shape::kTeams <= resident &&
-                             tiles / Shape::kTeams * 100 >= resident * NF4_WG_WHOLE_TILE_GRID;
-    const int64_t grid = whole_tiles ? tiles / Shape::kTeams : stream_k_grid(total, Shape::kTeams, resident);
+    const int64_t whole_tile_grid = wg_whole_tile_grid(tiles, Shape::kTeams, resident);
+    const bool whole_tiles = whole_tile_grid > 0;
+    const int64_t grid = whole_tiles ? whole_tile_grid : stream_k_grid(total, Shape::kTeams, resident);
     const int64_t teams = grid * Shape::kTeams;
-    at::Tensor partial = at::empty({tc_partial_floats(teams, x_rows, Shape::kTeamRows)},
+    // whole tiles: every team writes its tile straight to `out` (no parts, no second kernel)
+    at::Tensor partial = at::empty({whole_tiles ? 0 : tc_partial_floats(teams, x_rows, Shape::kTeamRows)},
                                    like.options().dtype(at::kFloat));
     float* partial_data = partial.mutable_data_ptr<float>();
     launch_kernel(wg_gemv_kernel<T, kN, kNested>, dim3(static_cast<unsigned>(grid)), kWgWarps * 32,

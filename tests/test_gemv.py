@@ -333,6 +333,37 @@ def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
     assert_gemv_close(out, x, packed, args, bias)
 
 
+# csrc/gemv.cu wg_whole_tile_grid: where the warpgroup kernel's team tiles (192 W rows at 9-16 rows of x, three
+# teams of 64 a CTA at 4-8) come to WARPGROUP_WHOLE_TILE_MIN_PERCENT-100% of the resident CTAs (one a SM), each team
+# takes one tile whole: a CTA per tile (per three at 4-8 rows), no adding kernel (NOTES gemv rows 143-143b).
+WARPGROUP_WHOLE_TILE_MIN_PERCENT = 85
+
+
+def whole_team_tiles_shape() -> tuple[int, int]:
+    """A weight whose team tiles come to 90% of this GPU's SMs (the last tile 40 rows short, so one warp's 16 rows are
+    wholly past W's end and another's half), 5 turns a tile."""
+    tiles = -(-9 * torch.cuda.get_device_properties(0).multi_processor_count // 10)
+    return 192 * tiles - 40, 256 * 5
+
+
+@pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, sm_90a code and NF4_OPS_WGMMA not 0")
+@pytest.mark.parametrize("rows", [4, 8, 9, 16], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_gemv_warpgroup_whole_team_tiles(rows, nested, tmp_path):
+    shape = whole_team_tiles_shape()
+    if not warpgroup_takes(shape, rows):
+        pytest.skip("this GPU's memory class keeps the tensor-core kernel at these rows (csrc/ops.h)")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    team_tiles = -(-shape[0] // 192)
+    assert WARPGROUP_WHOLE_TILE_MIN_PERCENT * sms <= 100 * team_tiles <= 100 * sms  # the shape is under the rule
+    out, x, packed, args, bias, profile = profiled_gemv_with_bias(shape, 64, nested, rows)
+    names = [event.name for event in profile.events()]
+    assert not any("add_tile_parts_kernel" in name for name in names), names
+    assert launched_grids(profile, tmp_path, "wg_gemv_kernel") == [team_tiles]  # 3 teams of a 64-row tile at 4-8
+    assert_gemv_close(out, x, packed, args, bias)
+    assert torch.equal(out, torch.ops.nf4.gemv(x, packed, bias=bias, **args))  # the same bits on every run
+
+
 # csrc/gemv.cu launch_add_tile_parts: the adding kernel's CTAs of a tile's piece of up to ADDING_MAX_THREADS threads,
 # or of ADDING_RESIDENT_THREADS taking up to ADDING_MAX_TILES tiles each, and a thread per ADDING_OUTPUTS outputs.
 ADDING_MAX_THREADS, ADDING_RESIDENT_THREADS, ADDING_MAX_TILES, ADDING_OUTPUTS = 1024, 128, 2, 2
