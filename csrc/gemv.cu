@@ -1044,9 +1044,6 @@ __global__ void __launch_bounds__(kAddPartsMaxThreads)
 #ifndef NF4_WG_GROUPS
 #define NF4_WG_GROUPS 3
 #endif
-#ifndef NF4_WG_WHOLE_TILE_MIN_PERCENT
-#define NF4_WG_WHOLE_TILE_MIN_PERCENT 85
-#endif
 #ifndef NF4_WG_MIN_X_ROWS
 #define NF4_WG_MIN_X_ROWS 4
 #endif
@@ -2112,18 +2109,15 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 #endif
 }
 
-// The warpgroup kernel's grid where each team takes one team tile whole, or 0 where stream-K's grid is better: where
-// the tiles come to kWgWholeTileMinPercent-100% of the resident CTAs' teams (and fill whole CTAs), one CTA per
-// kTeams tiles leaves the rest of the SMs idle, but no tile is shared, so no parts are stored and no adding kernel
-// runs. On an H100 that was 3-11% faster at 8 and 16 rows from 85% to 99% of the 132 SMs (Gemma-27B's gate/up, 112
-// team tiles: 34.0 -> 32.2 us at 16 rows), +2 to -4% at 76-80%, and 6-33% slower at 53-65%, at K = 5376 and 8192
-// (NOTES gemv rows 143-143b): the CTAs' pace rises with fewer SMs pulling from DRAM, and the second kernel's ~3 us
-// goes. (The build knob NF4_WG_WHOLE_TILE_MIN_PERCENT sets the fraction for A/Bs; above 100 turns this off.)
-constexpr int kWgWholeTileMinPercent = NF4_WG_WHOLE_TILE_MIN_PERCENT;
+// The warpgroup kernel's grid where each team takes one team tile whole, or 0 where it takes stream-K's: where the
+// tiles fill whole CTAs and come to ops.h's warpgroup_whole_tile_min_percent of the resident CTAs or more, up to all
+// of them, a CTA per kTeams tiles leaves the other SMs idle, but no tile is shared, so no parts are stored and no
+// adding kernel runs: the CTAs' pace rises with fewer SMs pulling from DRAM, and the second kernel's ~3 us goes
+// (NOTES gemv rows 143-143c).
 int64_t wg_whole_tile_grid(int64_t tiles, int teams_per_cta, int64_t resident_ctas) {
   const int64_t ctas = tiles / teams_per_cta;
   const bool whole = tiles % teams_per_cta == 0 && ctas <= resident_ctas &&
-                     ctas * 100 >= resident_ctas * kWgWholeTileMinPercent;
+                     ctas * 100 >= resident_ctas * warpgroup_whole_tile_min_percent(peak_memory_GBps());
   return whole ? ctas : 0;
 }
 

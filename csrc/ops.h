@@ -191,6 +191,26 @@ constexpr GemvRowRange kWarpgroupXRowsFastMemory[] = {
     {100, 9, 16},
 };
 
+//  - where the warpgroup kernel takes a call, the fraction of the resident CTAs (one a SM) from which its team tiles
+//    go one to a team, whole (csrc/gemv.cu, wg_whole_tile_grid: the SMs past the tiles idle, no tile shared, no adding
+//    kernel), up to all of them; stream-K over every SM below it. Synthetic layers of 70-131 team tiles (53-99% of 132
+//    SMs) at K = 5376 and 8192, 8 and 16 rows of bf16 x, two passes (NOTES gemv rows 143-143c). H100: 3-11% faster
+//    from 85% (Gemma-27B's gate/up, 112 tiles: 34.1 -> 32.1 us at 16 rows), +2 to -4% at 76-80%, 6-33% slower at
+//    53-65%. H200: 2-11% faster from 95% (126 tiles: 33.3 -> 30.4 us at K = 5376, 16 rows), at 91% -7 to +2%, at 85%
+//    -1 to +7% (Gemma's gate/up +2% at 8 rows), at 80% +3 to +9%, 9-57% slower at 53-76%: with faster DRAM the idle
+//    SMs cost more.
+constexpr int64_t kWarpgroupWholeTileMinPercent = 85;
+constexpr int64_t kWarpgroupWholeTileMinPercentFastMemory = 95;
+// A tuning build may set one fraction for every GPU with -DNF4_WG_WHOLE_TILE_MIN_PERCENT=p (above 100: never).
+inline int64_t warpgroup_whole_tile_min_percent(int64_t peak_memory_GBps) {
+#ifdef NF4_WG_WHOLE_TILE_MIN_PERCENT
+  return NF4_WG_WHOLE_TILE_MIN_PERCENT;
+#else
+  return peak_memory_GBps >= kFastMemoryMinPeakGBps ? kWarpgroupWholeTileMinPercentFastMemory
+                                                    : kWarpgroupWholeTileMinPercent;
+#endif
+}
+
 // The entry of a table by size (GemvRowLimit, GemvRowRange) for a W of rows x cols: the last entry whose
 // min_packed_mib the packed W reaches, or nullptr where none does.
 template <typename Entry, size_t kCount>

@@ -333,33 +333,39 @@ def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
     assert_gemv_close(out, x, packed, args, bias)
 
 
-# csrc/gemv.cu wg_whole_tile_grid: where the warpgroup kernel's team tiles (192 W rows at 9-16 rows of x, three
-# teams of 64 a CTA at 4-8) come to WARPGROUP_WHOLE_TILE_MIN_PERCENT-100% of the resident CTAs (one a SM), each team
-# takes one tile whole: a CTA per tile (per three at 4-8 rows), no adding kernel (NOTES gemv rows 143-143b).
-WARPGROUP_WHOLE_TILE_MIN_PERCENT = 85
+# csrc/gemv.cu wg_whole_tile_grid: where the warpgroup kernel's team tiles (192 W rows at 9-16 rows of x; three teams
+# of a 64-row tile a CTA at 4-8) come to a fraction of the resident CTAs (one a SM) from csrc/ops.h's
+# kWarpgroupWholeTileMinPercent* up to all of them, each team takes one tile whole: a CTA per team tile (per three at
+# 4-8 rows), no adding kernel (NOTES gemv rows 143-143c); below it stream-K over every SM and the adding kernel.
+WARPGROUP_WHOLE_TILE_MIN_PERCENT, WARPGROUP_WHOLE_TILE_MIN_PERCENT_FAST_MEMORY = 85, 95
 
 
-def whole_team_tiles_shape() -> tuple[int, int]:
-    """A weight whose team tiles come to 90% of this GPU's SMs (the last tile 40 rows short, so one warp's 16 rows are
-    wholly past W's end and another's half), 5 turns a tile."""
-    tiles = -(-9 * torch.cuda.get_device_properties(0).multi_processor_count // 10)
+def team_tiles_shape(percent: int) -> tuple[int, int]:
+    """A weight whose team tiles come to `percent`% of this GPU's SMs (rounded up), the last one 40 rows short (one
+    warp's 16 rows wholly past W's end, another's half), 5 turns a tile."""
+    tiles = -(-percent * torch.cuda.get_device_properties(0).multi_processor_count // 100)
     return 192 * tiles - 40, 256 * 5
 
 
 @pytest.mark.skipif(not warpgroup_kernel_on(), reason="needs an sm_90 GPU, sm_90a code and NF4_OPS_WGMMA not 0")
 @pytest.mark.parametrize("rows", [4, 8, 9, 16], ids=lambda m: f"M{m}")
 @pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
-def test_gemv_warpgroup_whole_team_tiles(rows, nested, tmp_path):
-    shape = whole_team_tiles_shape()
+@pytest.mark.parametrize("percent", [97, 80], ids=lambda p: f"tiles{p}pct")
+def test_gemv_warpgroup_whole_team_tiles(percent, nested, rows, tmp_path):
+    shape = team_tiles_shape(percent)
     if not warpgroup_takes(shape, rows):
         pytest.skip("this GPU's memory class keeps the tensor-core kernel at these rows (csrc/ops.h)")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     team_tiles = -(-shape[0] // 192)
-    assert WARPGROUP_WHOLE_TILE_MIN_PERCENT * sms <= 100 * team_tiles <= 100 * sms  # the shape is under the rule
+    min_percent = (WARPGROUP_WHOLE_TILE_MIN_PERCENT_FAST_MEMORY if has_fast_memory()
+                   else WARPGROUP_WHOLE_TILE_MIN_PERCENT)  # fmt: skip
+    whole = min_percent * sms <= 100 * team_tiles <= 100 * sms
+    assert whole == (percent == 97)  # the shapes sit on either side of both memory classes' fractions
     out, x, packed, args, bias, profile = profiled_gemv_with_bias(shape, 64, nested, rows)
     names = [event.name for event in profile.events()]
-    assert not any("add_tile_parts_kernel" in name for name in names), names
-    assert launched_grids(profile, tmp_path, "wg_gemv_kernel") == [team_tiles]  # 3 teams of a 64-row tile at 4-8
+    assert any("add_tile_parts_kernel" in name for name in names) != whole, names
+    if whole:
+        assert launched_grids(profile, tmp_path, "wg_gemv_kernel") == [team_tiles]  # 3 teams of a 64-row tile at 4-8
     assert_gemv_close(out, x, packed, args, bias)
     assert torch.equal(out, torch.ops.nf4.gemv(x, packed, bias=bias, **args))  # the same bits on every run
 
