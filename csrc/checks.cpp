@@ -5,7 +5,9 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/SymBool.h>
+#include <c10/core/SymNodeImpl.h>
 
+#include <exception>
 #include <string>
 #include <utility>
 
@@ -28,9 +30,18 @@ c10::SymInt ceil_div(const c10::SymInt& a, int64_t b) { return (a + (b - 1)) / b
 // whether the number came from this library or from c10's SymInt printer; strings were safe.
 std::string text(int64_t value) { return std::to_string(value); }
 
+// A symbolic size (torch.compile with dynamic shapes) is named with the value it has in the call being traced, where
+// it has one ("s27 (= 321)"): the symbol alone does not say what was passed. Only failed checks build messages, so
+// the guard that reading the value adds is on a trace that raises anyway.
 std::string text(const c10::SymInt& value) {
   if (const auto concrete = value.maybe_as_int()) return std::to_string(*concrete);
-  return value.toSymNodeImplUnowned()->str();
+  c10::SymNodeImpl* node = value.toSymNodeImplUnowned();
+  std::string name = node->str();
+  try {
+    if (node->has_hint()) name += " (= " + std::to_string(node->guard_int(__FILE__, __LINE__)) + ")";
+  } catch (const std::exception&) {  // the symbol alone, rather than no message
+  }
+  return name;
 }
 
 std::string text(c10::SymIntArrayRef values) {
@@ -191,11 +202,20 @@ WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor&
                   op, ": out must have shape [N, K] = ", text(shape), ", got ", text(out.sym_sizes()));
   check_contiguous(op, "out", out);
   // out must not share memory with what the kernel reads: it would overwrite bytes it has yet to read. Every
-  // tensor here was checked contiguous (nested_offset has one element), so the status is never TooHard. Memory
-  // shared through separate storages (torch.frombuffer, DLPack) is not seen. Tensors of symbolic sizes (fake
-  // tensors while torch.compile traces dynamic shapes) are skipped: torch 2.11's get_overlap_status throws on
-  // them, and the compiled graph's call of the real kernel checks the real tensors.
+  // tensor here was checked contiguous (nested_offset has one element), so the status is never TooHard, and each
+  // one's bytes are [data, data + nbytes): memory shared through separate storages (torch.frombuffer, DLPack), which
+  // get_overlap_status does not see, is found by comparing those ranges. Tensors of symbolic sizes (fake tensors
+  // while torch.compile traces dynamic shapes) are skipped: torch 2.11's get_overlap_status throws on them, and the
+  // compiled graph's call of the real kernel checks the real tensors.
   const auto symbolic = [](const at::Tensor& t) { return t.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); };
+  const auto bytes_overlap = [](const at::Tensor& a, const at::Tensor& b) {
+    if (a.is_meta() || b.is_meta() || !a.has_storage() || !b.has_storage() || a.nbytes() == 0 || b.nbytes() == 0) {
+      return false;
+    }
+    const auto* a_first = static_cast<const char*>(a.const_data_ptr());
+    const auto* b_first = static_cast<const char*>(b.const_data_ptr());
+    return a_first < b_first + b.nbytes() && b_first < a_first + a.nbytes();
+  };
   const std::pair<const char*, const at::Tensor*> inputs[] = {
       {"packed", &packed},
       {"absmax", &absmax},
@@ -205,8 +225,9 @@ WeightSpec check_dequantize_out_args(const at::Tensor& packed, const at::Tensor&
   for (const auto& [name, input] : inputs) {
     if (input == nullptr || symbolic(out) || symbolic(*input)) continue;
     const at::MemOverlapStatus overlap = at::get_overlap_status(out, *input);
-    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial, op,
-                ": out must not share memory with ", name, ", which the kernel reads; got out overlapping ", name);
+    TORCH_CHECK(overlap != at::MemOverlapStatus::Full && overlap != at::MemOverlapStatus::Partial &&
+                    !bytes_overlap(out, *input),
+                op, ": out must not share memory with ", name, ", which the kernel reads; got out overlapping ", name);
   }
   return spec;
 }

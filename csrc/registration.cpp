@@ -39,6 +39,7 @@ at::Tensor gemv_meta(NF4_GEMV_PARAMS) {
 void dequantize_out_autograd(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
   if (at::GradMode::is_enabled()) {
     const std::pair<const char*, const at::Tensor*> differentiable[] = {
+        {"packed", &packed},  // bytes, but a float quant_storage (a Params4bit of bf16) can require grad
         {"absmax", &absmax},
         {"nested_absmax", nested_absmax ? &*nested_absmax : nullptr},
         {"nested_code", nested_code ? &*nested_code : nullptr},

@@ -16,17 +16,17 @@ def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     try:  # a patched layer calls this per forward: a bad field is diagnosed after it fails, not looked for each time
         args: dict[str, Any] = {
             "absmax": quant_state.absmax,
-            "blocksize": int(quant_state.blocksize),
-            "quant_type": str(quant_state.quant_type),
-            "shape": [int(s) for s in quant_state.shape],
+            "blocksize": _int_field(quant_state.blocksize),
+            "quant_type": quant_state.quant_type,
+            "shape": [_int_field(s) for s in quant_state.shape],
         }
-        valid = isinstance(args["absmax"], tensor)
+        valid = isinstance(args["absmax"], tensor) and isinstance(args["quant_type"], str)
         if quant_state.nested:
             args.update(
                 nested_absmax=quant_state.state2.absmax,
                 nested_code=quant_state.state2.code,
                 nested_offset=quant_state.offset,
-                nested_blocksize=int(quant_state.state2.blocksize),
+                nested_blocksize=_int_field(quant_state.state2.blocksize),
             )
             valid = (valid and isinstance(args["nested_absmax"], tensor) and isinstance(args["nested_code"], tensor)
                      and isinstance(args["nested_offset"], tensor))  # fmt: skip
@@ -37,18 +37,26 @@ def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     return args
 
 
+def _int_field(value: Any) -> int:
+    """An int field of a QuantState as it is: a float or a str is an error, not rounded or parsed (64.9 -> 64)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("an int field is not an int")
+    return value
+
+
 # What each QuantState field the ops read must be: (path, test, expectation), in the order quant_state_args reads them.
 _QUANT_STATE_FIELDS = (
     ("absmax", lambda v: isinstance(v, torch.Tensor), "a tensor"),
-    ("blocksize", lambda v: isinstance(v, int), "an int"),
+    ("blocksize", lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
     ("quant_type", lambda v: isinstance(v, str), "a str"),
-    ("shape", lambda v: isinstance(v, (tuple, list)) and all(isinstance(s, int) for s in v), "a sequence of ints"),
+    ("shape", lambda v: isinstance(v, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in v),
+     "a sequence of ints"),
 )
 _NESTED_FIELDS = (
     ("state2", lambda v: v is not None, "the QuantState of the nested absmax (quant_state.nested is True)"),
     ("state2.absmax", lambda v: isinstance(v, torch.Tensor), "a tensor"),
     ("state2.code", lambda v: isinstance(v, torch.Tensor), "a tensor"),
-    ("state2.blocksize", lambda v: isinstance(v, int), "an int"),
+    ("state2.blocksize", lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
     ("offset", lambda v: isinstance(v, torch.Tensor), "a tensor"),
 )
 
@@ -134,7 +142,12 @@ class _Nf4Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, bias, packed, args):
-        ctx.packed, ctx.args = packed, args
+        # The weight's tensors are saved for backward, so that autograd checks their versions there: a weight
+        # changed in place since (copy_, a reload) raises, as it does for F.linear, instead of backward
+        # dequantizing the new bytes.
+        ctx.tensor_names = [name for name, value in args.items() if isinstance(value, torch.Tensor)]
+        ctx.save_for_backward(packed, *(args[name] for name in ctx.tensor_names))
+        ctx.other_args = {name: value for name, value in args.items() if name not in ctx.tensor_names}
         ctx.bias_needs_grad = bias is not None and bias.requires_grad
         return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
 
@@ -142,7 +155,9 @@ class _Nf4Linear(torch.autograd.Function):
     def backward(ctx, grad_y):
         grad_x = grad_bias = None
         if ctx.needs_input_grad[0]:
-            weight = torch.ops.nf4.dequantize(ctx.packed, dtype=grad_y.dtype, **ctx.args)
+            packed, *tensors = ctx.saved_tensors
+            args = {**ctx.other_args, **dict(zip(ctx.tensor_names, tensors))}
+            weight = torch.ops.nf4.dequantize(packed, dtype=grad_y.dtype, **args)
             grad_x = grad_y @ weight
         if ctx.bias_needs_grad:
             grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)

@@ -6,8 +6,9 @@ module, compute-dtype rule, bias cast, output cast back to the input dtype) and 
 (cuBLAS) for many; the crossover is the op's (`kManyRowsGemvRowLimits` / `kFusedGemvMaxRows` in csrc/ops.h). It has
 nf4_ops.gemv's autograd rule for QLoRA (gradient for x and bias, never for the weight).
 
-Layers it cannot run (an unknown weight layout, a device without nf4 kernels) keep their original forward;
-one warning names them and says why; a patched layer that changed since (moved, repacked) runs its original
+Layers it cannot run (an unknown weight layout, a device without nf4 kernels) or that do not run bitsandbytes' own
+forward (a subclass's override, a forward set on the instance: patching would replace it) keep their original
+forward; one warning names them and says why; a patched layer that changed since (moved, repacked) runs its original
 forward, with one warning per layer. x the ops do not take (float64 with no compute dtype set) gets nf4::gemv's
 error, not bitsandbytes' forward (whose float64 results on the CPU are wrong: tests/test_patch.py).
 Nothing is changed in the checkpoint or the modules' parameters. A patched model pickles and deep-copies as one;
@@ -62,6 +63,31 @@ def _unsupported_reason(module, kernel_devices: frozenset) -> Optional[str]:
     return None
 
 
+def _forward_attribute(module) -> str:
+    """The attribute that holds the forward a call runs: accelerate's hooks (device_map=...) wrap `forward` and call
+    `_old_forward`, so with a hook it is the inner one."""
+    return "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
+
+
+def _foreign_forward_reason(module) -> Optional[str]:
+    """Why this Linear4bit does not run bitsandbytes' own Linear4bit.forward, whose semantics the patched forward keeps,
+    or None if it does: patching would replace what it runs now. Asked at patch() only (the patched forward is then in
+    the module's __dict__ itself)."""
+    import bitsandbytes as bnb
+
+    base = bnb.nn.Linear4bit.forward
+    if getattr(base, "__module__", None) != "bitsandbytes.nn.modules" or base.__qualname__ != "Linear4bit.forward":
+        return f"bitsandbytes' Linear4bit.forward was replaced (by {base.__module__}.{base.__qualname__})"
+    if type(module).forward is not base:
+        return f"its class {type(module).__qualname__} overrides Linear4bit.forward"
+    # an instance attribute is what runs (accelerate leaves the class's own forward, bound, when its hook is removed)
+    attribute = _forward_attribute(module)
+    own = module.__dict__.get(attribute)
+    if own is not None and not (getattr(own, "__func__", None) is base and getattr(own, "__self__", None) is module):
+        return f"its {attribute} was replaced on the instance (by {own!r:.80})"
+    return None
+
+
 def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
     """bitsandbytes 0.50's Linear4bit.forward with its matmul on nf4::gemv."""
     import bitsandbytes as bnb
@@ -69,6 +95,14 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
     saved = getattr(self, _SAVED, None)
     if saved is None:  # unpatched, yet still called from somewhere unpatch() could not see: bitsandbytes' forward
         return type(self).forward(self, x)
+    weight = self.weight
+    if getattr(weight, "quant_state", None) is None and (
+            getattr(self, "quant_state", None) is None or weight.dim() != 2 or weight.shape[1] != 1):
+        # what bitsandbytes' recovery below (the module's quant_state put back on a packed [n, 1] weight) cannot
+        # mend, and reports with an AssertionError that says nothing
+        raise ValueError(f"nf4_ops: a patched Linear4bit has a weight that was never quantized (no quant_state, and "
+                         f"shape {tuple(weight.shape)}, not bitsandbytes' packed [n, 1]): quantize it through "
+                         f"bitsandbytes (e.g. .to(device)) before calling it")
     bnb.nn.modules.fix_4bit_weight_quant_state_from_module(self)
     reason = _unsupported_reason(self, saved.kernel_devices)
     if reason is not None:  # the layer changed since patch() (moved to another device, repacked)
@@ -85,7 +119,9 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
 
     bias = self.bias
     if bias is not None:
-        if bias.dtype != x.dtype:  # bitsandbytes casts the stored bias to the compute dtype too
+        # bitsandbytes casts the stored bias to the compute dtype too; torch.compile cannot trace that store (it
+        # changes a parameter's dtype), so a compiled call casts the bias for the call alone: the same values
+        if bias.dtype != x.dtype and not torch.compiler.is_compiling():
             bias.data = bias.data.to(x.dtype)
         bias = bias.to(x.dtype)
     return linear(x, self.weight, quant_state_args(quant_state), bias).to(input_dtype)
@@ -107,8 +143,7 @@ class _SavedForward:
 
     def __init__(self, module, kernel_devices: frozenset):
         self.kernel_devices = kernel_devices
-        # accelerate's hooks (device_map=...) wrap `forward` and call `_old_forward`: patch the inner one.
-        self.attribute = "_old_forward" if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward") else "forward"
+        self.attribute = _forward_attribute(module)
         self.had_instance_attribute = self.attribute in module.__dict__
         self.previous = module.__dict__.get(self.attribute)
         self.warned = False
@@ -231,7 +266,7 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
     for name, module in layers:
         if hasattr(module, _SAVED):
             continue
-        reason = _unsupported_reason(module, kernel_devices)
+        reason = _unsupported_reason(module, kernel_devices) or _foreign_forward_reason(module)
         if reason is not None:
             left_alone.append(f"{name or '<model>'}: {reason}")
             continue
@@ -263,5 +298,8 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def is_patched(module: torch.nn.Module) -> bool:
-    """Whether this Linear4bit currently runs on the nf4 ops."""
+    """Whether patch() put the nf4 ops' forward on this Linear4bit (a layer changed since, moved to a device without
+    nf4 kernels or repacked, runs its original forward with a warning, and still counts as patched)."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
     return hasattr(module, _SAVED)

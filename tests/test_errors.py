@@ -197,6 +197,20 @@ def test_dequantize_out_beside_its_inputs_in_one_storage(device):
     assert torch.equal(out, expected)
 
 
+def test_dequantize_out_sharing_bytes_through_another_storage():
+    """Two storages over one buffer (torch.frombuffer; DLPack alike): the overlap is in the bytes, not the storages,
+    and the kernel would overwrite packed while reading it. Refused, like out in packed's own storage."""
+    buffer = bytearray(N * K * 4)
+    out = torch.frombuffer(buffer, dtype=torch.float32).view(N, K)
+    args = valid_args("cpu", nested=False)
+    args["packed"] = torch.frombuffer(buffer, dtype=torch.uint8, count=N * K // 2, offset=N * K).view(-1, 1)
+    assert out.untyped_storage()._cdata != args["packed"].untyped_storage()._cdata  # two storages, one buffer
+    with pytest.raises(RuntimeError, match=r"nf4::dequantize.out: out must not share memory with packed"):
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=out, **args)
+    beside = torch.frombuffer(bytearray(N * K * 4), dtype=torch.float32).view(N, K)  # another buffer: fine
+    torch.ops.nf4.dequantize.out(dtype=torch.float32, out=beside, **args)
+
+
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_dequantize_out_in_autograd(device):
     """dequantize.out moves out's version counter (a backward that saved out then raises, not reads new values),
@@ -217,6 +231,10 @@ def test_dequantize_out_in_autograd(device):
         torch.ops.nf4.dequantize.out(dtype=torch.float32, out=torch.empty(N, K, device=device), **{**args, "absmax": absmax})
     with torch.no_grad():
         torch.ops.nf4.dequantize.out(dtype=torch.float32, out=torch.empty(N, K, device=device), **{**args, "absmax": absmax})
+    # packed too: bytes, but a weight of float storage (bitsandbytes' quant_storage=torch.float32) can require grad
+    packed = torch.zeros(N * K // 8, dtype=torch.float32, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"nf4::dequantize.out: packed requires grad, but the op has no derivative"):
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=torch.empty(N, K, device=device), **{**args, "packed": packed})
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
@@ -314,6 +332,11 @@ BAD_QUANT_STATE_FIELDS = [
     ("state2", None, r"quant_state\.state2 must be the QuantState of the nested absmax"),
     ("offset", 0.5, r"quant_state\.offset must be a tensor, got float"),
     ("state2.code", None, r"quant_state\.state2\.code must be a tensor, got NoneType"),
+    # taken as they are, not rounded or converted: 32.9 was read as 32, a shape of floats truncated, None as "None"
+    ("blocksize", 32.9, r"quant_state\.blocksize must be an int, got float"),
+    ("shape", (8.0, 96.7), r"quant_state\.shape must be a sequence of ints, got tuple"),
+    ("quant_type", None, r"quant_state\.quant_type must be a str, got NoneType"),
+    ("state2.blocksize", "256", r"quant_state\.state2\.blocksize must be an int, got str"),
 ]
 
 

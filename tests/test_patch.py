@@ -9,6 +9,7 @@ import gc
 import pickle
 import subprocess
 import sys
+import types
 import warnings
 import weakref
 from pathlib import Path
@@ -180,6 +181,31 @@ def test_gemv_wrapper_gives_input_and_bias_gradients(with_bias):
             torch.testing.assert_close(bias.grad, bias_ref.grad)
 
 
+def test_backward_after_the_weight_changed_in_place_is_an_error():
+    """The autograd rule saves the weight's tensors for backward, so autograd checks their versions: a weight changed
+    in place between forward and backward (copy_, a reload) raises, as F.linear does, instead of backward
+    dequantizing the new bytes into a gradient the forward never used."""
+    quantized = bnb_quantize((16, 64), "nf4", 64, nested=False)
+    for change in ("packed", "absmax"):
+        packed, state = quantized.packed.clone(), copy.copy(quantized.quant_state)
+        state.absmax = state.absmax.clone()
+        x = torch.randn(2, 64, requires_grad=True)
+        y = nf4_ops.gemv(x, packed, state)
+        (packed if change == "packed" else state.absmax).add_(1)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def new_quantized_layer(cls=None, bias=False, dtype=torch.float32):
+    torch.manual_seed(0)
+    layer = (cls or bnb.nn.Linear4bit)(128, 40, bias=bias, compute_dtype=torch.float32, quant_type="nf4")
+    state = {"weight": torch.randn(40, 128)} | ({"bias": torch.randn(40).to(dtype)} if bias else {})
+    layer.load_state_dict(state, strict=False)
+    if bias:
+        layer.bias.data = layer.bias.data.to(dtype)
+    return layer.to("cpu").train()  # quantizes the weight
+
+
 def lora_gradients(model):
     peft = pytest.importorskip("peft")
     torch.manual_seed(1)
@@ -219,6 +245,45 @@ def test_layers_it_cannot_handle_keep_their_forward_with_one_warning(tmp_root):
     assert not nf4_ops.is_patched(odd) and "forward" not in odd.__dict__
     assert all(nf4_ops.is_patched(m) for m in layers if m is not odd)
     del odd.weight.quant_state.packing_format_for_cpu
+
+
+def test_layers_that_run_another_forward_keep_it_with_one_warning():
+    """patch() keeps bitsandbytes' own forward's semantics, so a layer that runs another forward (its subclass's,
+    one set on the instance, a replaced Linear4bit.forward) is left alone and named: patching it would drop what
+    that forward does without a word. accelerate's restored forward (the class's own, bound) is not another."""
+
+    class Doubled(bnb.nn.Linear4bit):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    subclass = new_quantized_layer(Doubled)
+    wrapped = new_quantized_layer()
+    inner = wrapped.forward
+    wrapped.forward = lambda x: inner(x).clamp(min=0)
+    bound = new_quantized_layer()
+    bound.forward = types.MethodType(bnb.nn.Linear4bit.forward, bound)  # what accelerate leaves behind
+    x = torch.randn(3, 128)
+    with torch.no_grad():
+        before = [subclass(x), wrapped(x)]
+        with pytest.warns(UserWarning, match=r"(?s)left 2 Linear4bit layer\(s\).*0: its class .*Doubled overrides "
+                                             r"Linear4bit\.forward.*1: its forward was replaced on the instance"):
+            nf4_ops.patch(torch.nn.Sequential(subclass, wrapped, bound))
+        assert not nf4_ops.is_patched(subclass) and not nf4_ops.is_patched(wrapped) and nf4_ops.is_patched(bound)
+        assert torch.equal(subclass(x), before[0]) and torch.equal(wrapped(x), before[1])
+    original = bnb.nn.Linear4bit.forward
+    try:
+        bnb.nn.Linear4bit.forward = lambda self, x: original(self, x) + 1.0  # a library's monkeypatch
+        with pytest.warns(UserWarning, match=r"bitsandbytes' Linear4bit\.forward was replaced"):
+            nf4_ops.patch(new_quantized_layer())
+    finally:
+        bnb.nn.Linear4bit.forward = original
+
+
+def test_patched_layer_without_a_quantized_weight_names_it():
+    layer = nf4_ops.patch(new_quantized_layer())
+    layer.weight = bnb.nn.Params4bit(torch.randn(40, 128), requires_grad=False, quant_type="nf4")  # not quantized
+    with pytest.raises(ValueError, match=r"patched Linear4bit has a weight that was never quantized"):
+        layer(torch.randn(2, 128))
 
 
 def test_layer_changed_after_patch_falls_back_once(tmp_root):
@@ -343,6 +408,8 @@ def test_patch_and_unpatch_name_a_model_that_is_not_a_module():
     for function in (nf4_ops.patch, nf4_ops.unpatch):
         with pytest.raises(TypeError, match=r"model must be a torch\.nn\.Module, got NoneType"):
             function(None)
+    with pytest.raises(TypeError, match=r"module must be a torch\.nn\.Module, got str"):
+        nf4_ops.is_patched("model")
     with pytest.warns(UserWarning, match=r"found no bitsandbytes Linear4bit layer"):
         nf4_ops.patch(torch.nn.Linear(4, 4))
 
@@ -369,6 +436,20 @@ def test_compile_fullgraph_patched_layers(tmp_root):
         for rows in (1, 5, 12):
             x = torch.randn(rows, TINY["hidden_size"])
             torch.testing.assert_close(compiled(x), mlp(x))
+
+
+def test_compile_fullgraph_with_a_bias_of_another_dtype():
+    """A bias stored in another dtype than the compute dtype (Qwen2's q/k/v in a bf16 model with fp32 compute):
+    bitsandbytes' forward casts the stored bias in place, which torch.compile cannot trace; the patched forward
+    compiled before any eager call casts it for the call alone, with the same result."""
+    layer = new_quantized_layer(bias=True, dtype=torch.bfloat16)
+    expected = torch.nn.functional.linear(
+        x := torch.randn(3, 128), bnb_dequantize_4bit(layer.weight.data, layer.weight.quant_state), layer.bias.float())
+    nf4_ops.patch(layer)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x), expected, rtol=1e-4, atol=1e-4)
+    assert layer.bias.dtype == torch.bfloat16  # not stored back: the compiled call's cast was its own
 
 
 def test_compile_fullgraph_whole_model(tmp_root):

@@ -72,6 +72,23 @@ def test_compile_fullgraph_dynamic(device):
         torch.testing.assert_close(compiled(x3, *tensors), dequantize_then_gemv(x3, *tensors))
 
 
+def test_compile_dynamic_errors_name_the_sizes_passed():
+    """Under dynamic shapes an error names each symbolic size with the value this call has, not the symbol alone."""
+    torch._dynamo.reset()
+    n, k = 48, 320
+    packed, absmax = torch.zeros(n * k // 2, dtype=torch.uint8), torch.ones(n * k // 64)
+
+    def call(x, packed, absmax, bias):
+        return torch.ops.nf4.gemv(x, packed, absmax, 64, "nf4", [n, k], bias)
+
+    compiled = torch.compile(call, fullgraph=True, dynamic=True)
+    with pytest.raises(Exception, match=r"x's last dimension must equal K = shape\[1\] = .*, got x of shape "
+                                        r"\[s\d+ \(= 2\), s\d+ \(= 321\)\]"):
+        compiled(torch.randn(2, 321), packed, absmax, None)
+    with pytest.raises(Exception, match=r"bias must have N = shape\[0\] = .*48.* elements, got s\d+ \(= 47\)"):
+        compiled(torch.randn(2, k), packed, absmax, torch.randn(47))
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 @pytest.mark.parametrize("rows", [1, 4, 16], ids=lambda m: f"M{m}")
 def test_cuda_graph_capture_and_replay(rows):
