@@ -85,6 +85,15 @@ def main():
     for nested in (False, True):
         packed, args = random_weight(wide_n, wide_k, 64, nested)
         failures += check_gemv(packed, args, 16, f"{wide_n}x{wide_k} wide tiles nested={nested}")
+    # The warpgroup kernel's whole team tiles (csrc/gemv.cu wg_whole_tile_grid, csrc/ops.h
+    # kWarpgroupWholeTileMinPercent*): team tiles 97% of this GPU's SMs (whole under both memory classes' fractions,
+    # as tests/test_gemv.py team_tiles_shape), the last tile 40 rows short, so a CTA per tile and no adding kernel
+    # on an H100 or H200 at 4-16 rows.
+    whole_n, whole_k = 192 * -(-97 * sms // 100) - 40, 256 * 5
+    for nested in (False, True):
+        packed, args = random_weight(whole_n, whole_k, 64, nested)
+        for rows in (5, 8, 16):
+            failures += check_gemv(packed, args, rows, f"{whole_n}x{whole_k} whole team tiles nested={nested}")
     # The one-row kernel (one row of x, plain absmax, K % 256 == 0 and K % blocksize == 0, a range of N / SMs rows
     # per CTA and at least 1 step of 4 rows x 512 elements per warp: csrc/gemv.cu kOr*; as tests/test_gemv.py
     # one_row_shape, whose test checks which kernel runs): 17 steps per tile, 8 tiles per CTA (8-9 steps per
