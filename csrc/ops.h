@@ -194,13 +194,14 @@ constexpr GemvRowRange kWarpgroupXRowsFastMemory[] = {
 //  - where the warpgroup kernel takes a call, the fraction of the resident CTAs (one a SM) from which its team tiles
 //    go one to a team, whole (csrc/gemv.cu, wg_whole_tile_grid: the SMs past the tiles idle, no tile shared, no adding
 //    kernel), up to all of them; stream-K over every SM below it. Synthetic layers of 70-131 team tiles (53-99% of 132
-//    SMs) at K = 5376 and 8192, 8 and 16 rows of bf16 x, two passes (NOTES gemv rows 143-143c). H100: 3-11% faster
-//    from 85% (Gemma-27B's gate/up, 112 tiles: 34.1 -> 32.1 us at 16 rows), +2 to -4% at 76-80%, 6-33% slower at
-//    53-65%. H200: 2-11% faster from 95% (126 tiles: 33.3 -> 30.4 us at K = 5376, 16 rows), at 91% -7 to +2%, at 85%
-//    -1 to +7% (Gemma's gate/up +2% at 8 rows), at 80% +3 to +9%, 9-57% slower at 53-76%: with faster DRAM the idle
-//    SMs cost more.
-constexpr int64_t kWarpgroupWholeTileMinPercent = 85;
-constexpr int64_t kWarpgroupWholeTileMinPercentFastMemory = 95;
+//    SMs) at K = 5376 and 8192, 8 and 16 rows of bf16 x, two passes (NOTES gemv rows 143-143d). H100: 3-11% faster
+//    from 112 tiles (85%: Gemma-27B's gate/up, 34.1 -> 32.1 us at 16 rows), 1-4% at 106 (80%), -1 to +2% at 100
+//    (76%), 6-33% slower at 53-65%. H200: 2-11% faster from 126 tiles (95%: 33.3 -> 30.4 us at K = 5376, 16 rows),
+//    -7 to +2% at 120 (91%), -1 to +7% at 112 (Gemma's gate/up +2% at 8 rows), 3-9% slower at 106 (80%), 9-57% at
+//    53-76%: with faster DRAM the idle SMs cost more. Each fraction lies midway between the last measured one where a
+//    case gained under 2% and the first where every case gained 2% or more.
+constexpr int64_t kWarpgroupWholeTileMinPercent = 82;
+constexpr int64_t kWarpgroupWholeTileMinPercentFastMemory = 93;
 // A tuning build may set one fraction for every GPU with -DNF4_WG_WHOLE_TILE_MIN_PERCENT=p (above 100: never).
 inline int64_t warpgroup_whole_tile_min_percent(int64_t peak_memory_GBps) {
 #ifdef NF4_WG_WHOLE_TILE_MIN_PERCENT
