@@ -245,6 +245,11 @@ WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const 
   check_same_device(op, "x", x, packed);
   TORCH_SYM_CHECK(x.sym_size(-1).sym_eq(spec.cols), op, ": x's last dimension must equal K = shape[1] = ",
                   text(spec.cols), ", got x of shape ", text(x.sym_sizes()));
+  // The output [..., N] within the weight's own bound (rows of x <= 2^60 / N, no product that could wrap): past it
+  // only meta or expanded x get here, and the allocation's own overflow error named neither the op nor x.
+  TORCH_SYM_CHECK((x.sym_numel() / spec.cols).sym_le(c10::SymInt(int64_t{1} << kMaxWeightElementsLog2) / spec.rows),
+                  op, ": the output [x rows, N] must have at most 2^", text(kMaxWeightElementsLog2),
+                  " elements, got x of shape ", text(x.sym_sizes()), " and N = ", text(spec.rows));
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
     check_same_device(op, "bias", b, packed);

@@ -147,6 +147,18 @@ def test_bad_gemv_arguments(case, device):
         torch.ops.nf4.gemv(**args)
 
 
+def test_gemv_output_past_the_size_bound():
+    """An output [x rows, N] of more than 2^60 elements (the weights' own bound) is named as such, not left to the
+    allocator's overflow error, which names neither the op nor x. Only meta (or expanded) tensors get that far."""
+    n, k = 2**40, 64
+    args = dict(packed=torch.empty(n * k // 2, dtype=torch.uint8, device="meta"),
+                absmax=torch.empty(n * k // 64, device="meta"), blocksize=64, quant_type="nf4", shape=[n, k])
+    with pytest.raises(RuntimeError, match=r"nf4::gemv: the output \[x rows, N\] must have at most 2\^60 elements, "
+                                           r"got x of shape \[2097152, 64\] and N = 1099511627776"):
+        torch.ops.nf4.gemv(torch.empty(2**21, k, device="meta"), **args)
+    assert torch.ops.nf4.gemv(torch.empty(2**20, k, device="meta"), **args).shape == (2**20, n)  # 2^60: at the bound
+
+
 OUT_CASES = [
     ("dtype", lambda d: torch.empty(N, K, dtype=torch.float16, device=d), r"out must be BFloat16 \(the dtype argument\), got Half"),
     ("shape", lambda d: torch.empty(K, N, dtype=torch.bfloat16, device=d), r"out must have shape \[N, K\] = \[8, 96\], got \[96, 8\]"),
