@@ -2112,8 +2112,8 @@ bool wg_gemv_applies(int64_t x_rows, int64_t rows, int64_t cols) {
 // The warpgroup kernel's grid where each team takes one team tile whole, or 0 where it takes stream-K's: where the
 // tiles fill whole CTAs and come to ops.h's warpgroup_whole_tile_min_percent of the resident CTAs or more, up to all
 // of them, a CTA per kTeams tiles leaves the other SMs idle, but no tile is shared, so no parts are stored and no
-// adding kernel runs: the CTAs' pace rises with fewer SMs pulling from DRAM, and the second kernel's ~3 us goes
-// (NOTES gemv rows 143-143c).
+// adding kernel runs: the second kernel's ~3 us goes, and on an H100 the CTAs' pace rose with fewer SMs pulling
+// from DRAM (on an H200 it did not, hence its higher fraction; NOTES gemv rows 143-143d).
 int64_t wg_whole_tile_grid(int64_t tiles, int teams_per_cta, int64_t resident_ctas) {
   const int64_t ctas = tiles / teams_per_cta;
   const bool whole = tiles % teams_per_cta == 0 && ctas <= resident_ctas &&

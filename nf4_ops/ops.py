@@ -37,9 +37,13 @@ def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     return args
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _int_field(value: Any) -> int:
     """An int field of a QuantState as it is: a float or a str is an error, not rounded or parsed (64.9 -> 64)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _is_int(value):
         raise TypeError("an int field is not an int")
     return value
 
@@ -47,16 +51,15 @@ def _int_field(value: Any) -> int:
 # What each QuantState field the ops read must be: (path, test, expectation), in the order quant_state_args reads them.
 _QUANT_STATE_FIELDS = (
     ("absmax", lambda v: isinstance(v, torch.Tensor), "a tensor"),
-    ("blocksize", lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    ("blocksize", _is_int, "an int"),
     ("quant_type", lambda v: isinstance(v, str), "a str"),
-    ("shape", lambda v: isinstance(v, (tuple, list)) and all(isinstance(s, int) and not isinstance(s, bool) for s in v),
-     "a sequence of ints"),
+    ("shape", lambda v: isinstance(v, (tuple, list)) and all(_is_int(s) for s in v), "a sequence of ints"),
 )
 _NESTED_FIELDS = (
     ("state2", lambda v: v is not None, "the QuantState of the nested absmax (quant_state.nested is True)"),
     ("state2.absmax", lambda v: isinstance(v, torch.Tensor), "a tensor"),
     ("state2.code", lambda v: isinstance(v, torch.Tensor), "a tensor"),
-    ("state2.blocksize", lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    ("state2.blocksize", _is_int, "an int"),
     ("offset", lambda v: isinstance(v, torch.Tensor), "a tensor"),
 )
 
@@ -142,12 +145,13 @@ class _Nf4Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, bias, packed, args):
-        # The weight's tensors are saved for backward, so that autograd checks their versions there: a weight
-        # changed in place since (copy_, a reload) raises, as it does for F.linear, instead of backward
-        # dequantizing the new bytes.
-        ctx.tensor_names = [name for name, value in args.items() if isinstance(value, torch.Tensor)]
-        ctx.save_for_backward(packed, *(args[name] for name in ctx.tensor_names))
-        ctx.other_args = {name: value for name, value in args.items() if name not in ctx.tensor_names}
+        ctx.packed, ctx.args = packed, args
+        # The weight's tensors stay on ctx, not in save_for_backward: saved tensors pass through saved-tensor hooks
+        # (save_on_cpu, activation offloading), which would copy the 4-bit weight off the GPU every training step
+        # (bitsandbytes' MatMul4Bit keeps its weight on ctx too). Their versions are checked at backward instead, so
+        # a weight changed in place since (copy_, a reload) raises, as it does for F.linear, rather than backward
+        # dequantizing bytes the forward never used. (Not under torch.compile, which does not trace version counters.)
+        ctx.versions = None if torch.compiler.is_compiling() else _versions(packed, args)
         ctx.bias_needs_grad = bias is not None and bias.requires_grad
         return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
 
@@ -155,13 +159,20 @@ class _Nf4Linear(torch.autograd.Function):
     def backward(ctx, grad_y):
         grad_x = grad_bias = None
         if ctx.needs_input_grad[0]:
-            packed, *tensors = ctx.saved_tensors
-            args = {**ctx.other_args, **dict(zip(ctx.tensor_names, tensors))}
-            weight = torch.ops.nf4.dequantize(packed, dtype=grad_y.dtype, **args)
+            if (ctx.versions is not None and not torch.compiler.is_compiling()
+                    and _versions(ctx.packed, ctx.args) != ctx.versions):
+                raise RuntimeError("nf4_ops.gemv: the weight (packed, absmax or nested absmax) was modified by an "
+                                   "inplace operation between the forward and this backward, which needs it as it was")
+            weight = torch.ops.nf4.dequantize(ctx.packed, dtype=grad_y.dtype, **ctx.args)
             grad_x = grad_y @ weight
         if ctx.bias_needs_grad:
             grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)
         return grad_x, grad_bias, None, None
+
+
+def _versions(packed: torch.Tensor, args: dict[str, Any]) -> tuple[int, ...]:
+    """The version counters of the weight's tensors (packed and the QuantState's), in a fixed order."""
+    return (packed._version,) + tuple(v._version for v in args.values() if isinstance(v, torch.Tensor))
 
 
 def _check_packed_bytes(packed: torch.Tensor) -> None:

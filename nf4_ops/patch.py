@@ -96,13 +96,17 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
     if saved is None:  # unpatched, yet still called from somewhere unpatch() could not see: bitsandbytes' forward
         return type(self).forward(self, x)
     weight = self.weight
-    if getattr(weight, "quant_state", None) is None and (
-            getattr(self, "quant_state", None) is None or weight.dim() != 2 or weight.shape[1] != 1):
+    if getattr(weight, "quant_state", None) is None:
         # what bitsandbytes' recovery below (the module's quant_state put back on a packed [n, 1] weight) cannot
         # mend, and reports with an AssertionError that says nothing
-        raise ValueError(f"nf4_ops: a patched Linear4bit has a weight that was never quantized (no quant_state, and "
-                         f"shape {tuple(weight.shape)}, not bitsandbytes' packed [n, 1]): quantize it through "
-                         f"bitsandbytes (e.g. .to(device)) before calling it")
+        if getattr(self, "quant_state", None) is None:
+            raise ValueError("nf4_ops: a patched Linear4bit has no quant_state, on its weight or itself: the weight "
+                             "was never quantized; quantize it through bitsandbytes (e.g. .to(device)) first")
+        if weight.dim() != 2 or weight.shape[1] != 1:
+            raise ValueError(f"nf4_ops: a patched Linear4bit's weight of shape {tuple(weight.shape)} has no "
+                             f"quant_state and is not bitsandbytes' packed [n, 1] that the layer's quant_state could "
+                             f"go back on: it was never quantized; quantize it through bitsandbytes (e.g. .to(device)) "
+                             f"first")
     bnb.nn.modules.fix_4bit_weight_quant_state_from_module(self)
     reason = _unsupported_reason(self, saved.kernel_devices)
     if reason is not None:  # the layer changed since patch() (moved to another device, repacked)

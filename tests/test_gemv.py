@@ -336,7 +336,7 @@ def test_gemv_warpgroup_kernel(shape_name, nested, rows, dtype):
 # csrc/gemv.cu wg_whole_tile_grid: where the warpgroup kernel's team tiles (192 W rows at 9-16 rows of x; three teams
 # of a 64-row tile a CTA at 4-8) come to a fraction of the resident CTAs (one a SM) from csrc/ops.h's
 # kWarpgroupWholeTileMinPercent* up to all of them, each team takes one tile whole: a CTA per team tile (per three at
-# 4-8 rows), no adding kernel (NOTES gemv rows 143-143c); below it stream-K over every SM and the adding kernel.
+# 4-8 rows), no adding kernel (NOTES gemv rows 143-143d); below it stream-K over every SM and the adding kernel.
 WARPGROUP_WHOLE_TILE_MIN_PERCENT, WARPGROUP_WHOLE_TILE_MIN_PERCENT_FAST_MEMORY = 82, 93
 
 

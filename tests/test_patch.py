@@ -194,6 +194,15 @@ def test_backward_after_the_weight_changed_in_place_is_an_error():
         (packed if change == "packed" else state.absmax).add_(1)
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.sum().backward()
+    # and the weight is not saved for backward, so saved-tensor hooks (save_on_cpu, activation offloading) never
+    # copy it: only what F.linear would save goes through them
+    packed, state = quantized.packed, quantized.quant_state
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        nf4_ops.gemv(torch.randn(2, 64, requires_grad=True), packed, state).sum().backward()
+    weight_tensors = [packed, state.absmax, state.state2.absmax, state.state2.code, state.offset] if state.nested else [
+        packed, state.absmax]
+    assert not any(t is w for t in seen for w in weight_tensors)
 
 
 def new_quantized_layer(cls=None, bias=False, dtype=torch.float32):
@@ -282,7 +291,11 @@ def test_layers_that_run_another_forward_keep_it_with_one_warning():
 def test_patched_layer_without_a_quantized_weight_names_it():
     layer = nf4_ops.patch(new_quantized_layer())
     layer.weight = bnb.nn.Params4bit(torch.randn(40, 128), requires_grad=False, quant_type="nf4")  # not quantized
-    with pytest.raises(ValueError, match=r"patched Linear4bit has a weight that was never quantized"):
+    with pytest.raises(ValueError, match=r"weight of shape \(40, 128\) has no quant_state and is not bitsandbytes' "
+                                         r"packed \[n, 1\].*never quantized"):
+        layer(torch.randn(2, 128))
+    del layer.quant_state  # bitsandbytes set it when the first weight was quantized
+    with pytest.raises(ValueError, match=r"patched Linear4bit has no quant_state, on its weight or itself"):
         layer(torch.randn(2, 128))
 
 
