@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
+#include <string>
+
 #include "ops.h"
 
 namespace nf4 {
@@ -62,6 +64,43 @@ void dequantize_out_autograd(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
   torch::autograd::impl::bump_version(out);
 }
 
+// A view with a math bit (torch._neg_view, a conjugate) reaches an op through PyTorch's Negative and Conjugate
+// fallbacks, which resolve it into a new tensor before the kernel runs. That is right for values, but `packed` is
+// bytes: its resolved copy holds other bytes (a negated uint8 b is 256 - b), so the weight would come out wrong with
+// no error; and out= would be written into a resolved copy, not the caller's tensor. So these kernels refuse both
+// and, like the fallbacks, resolve every other tensor (x, bias, the scales), then dispatch below their key.
+void resolve_math_bits(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack,
+                       c10::DispatchKey self) {
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack->size() - arguments.size();
+  const std::string name = op.schema().operator_name().name + (op.schema().overload_name().empty()
+                                                                    ? std::string()
+                                                                    : "." + op.schema().overload_name());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    c10::IValue& value = (*stack)[first + i];
+    if (!value.isTensor()) continue;
+    const at::Tensor& t = value.toTensor();
+    if (!t.is_neg() && !t.is_conj()) continue;
+    const std::string& argument = arguments[i].name();
+    const char* kind = t.is_neg() ? "negated" : "conjugated";
+    TORCH_CHECK(argument != "packed", name, ": packed must be a plain tensor of bitsandbytes' bytes, got a ", kind,
+                " view, whose values PyTorch would resolve before the op reads its bytes; pass the tensor it views");
+    const auto* alias = arguments[i].alias_info();
+    TORCH_CHECK(alias == nullptr || !alias->isWrite(), name, ": ", argument, " must be a plain tensor, got a ", kind,
+                " view, which the op would write a resolved copy of; pass a tensor without the view's flag");
+    value = t.resolve_conj().resolve_neg();
+  }
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, self), stack);
+}
+
+void resolve_negative(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  resolve_math_bits(op, keys, stack, c10::DispatchKey::Negative);
+}
+
+void resolve_conjugate(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  resolve_math_bits(op, keys, stack, c10::DispatchKey::Conjugate);
+}
+
 }  // namespace
 }  // namespace nf4
 
@@ -85,6 +124,18 @@ TORCH_LIBRARY_IMPL(nf4, Autograd, m) {
   m.impl("dequantize", torch::autograd::autogradNotImplementedFallback());
   m.impl("gemv", torch::autograd::autogradNotImplementedFallback());
   m.impl("dequantize.out", &nf4::dequantize_out_autograd);
+}
+
+TORCH_LIBRARY_IMPL(nf4, Negative, m) {
+  for (const char* op : {"dequantize", "dequantize.out", "gemv"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&nf4::resolve_negative>());
+  }
+}
+
+TORCH_LIBRARY_IMPL(nf4, Conjugate, m) {
+  for (const char* op : {"dequantize", "dequantize.out", "gemv"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&nf4::resolve_conjugate>());
+  }
 }
 
 TORCH_LIBRARY_IMPL(nf4, Meta, m) {

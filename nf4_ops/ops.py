@@ -104,7 +104,6 @@ def dequantize(
     device) it is written there and returned, with no allocation."""
     _check_tensor("packed", packed)
     _check_tensor("out", out, optional=True)
-    _check_packed_bytes(packed)
     args = quant_state_args(quant_state)
     if dtype is None:
         dtype = quant_state.dtype if out is None else out.dtype
@@ -128,13 +127,12 @@ def gemv(
     _check_tensor("x", x)
     _check_tensor("packed", packed)
     _check_tensor("bias", bias, optional=True)
-    _check_packed_bytes(packed)
     return linear(x, packed, quant_state_args(quant_state), bias)
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """gemv on op arguments already taken from a QuantState, with the autograd rule where x or bias need gradients.
-    (patch()'s forward calls it per layer and call: its weight is a parameter, so gemv's view check is not needed.)"""
+    """gemv on op arguments already taken from a QuantState, with the autograd rule where x or bias need gradients
+    (patch()'s forward calls it per layer and call)."""
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         return _Nf4Linear.apply(x, bias, packed, args)
     return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
@@ -173,18 +171,3 @@ class _Nf4Linear(torch.autograd.Function):
 def _versions(packed: torch.Tensor, args: dict[str, Any]) -> tuple[int, ...]:
     """The version counters of the weight's tensors (packed and the QuantState's), in a fixed order."""
     return (packed._version,) + tuple(v._version for v in args.values() if isinstance(v, torch.Tensor))
-
-
-def _check_packed_bytes(packed: torch.Tensor) -> None:
-    """The ops read packed's bytes as stored, but PyTorch resolves a negated or conjugated view's values before an
-    op sees them (so its bytes would change): such a view is refused here (torch.ops.nf4.* cannot tell). Eager
-    calls only: torch.compile cannot trace the flags (a graph break under fullgraph), and a model's packed weight is
-    a parameter, never such a view."""
-    if torch.compiler.is_compiling():
-        return
-    if packed.is_neg() or packed.is_conj():
-        raise ValueError(
-            "packed must be a plain tensor of bitsandbytes' bytes, got a "
-            f"{'negated' if packed.is_neg() else 'conjugated'} view, whose values PyTorch would resolve before the op "
-            "reads its bytes; pass the tensor it views"
-        )

@@ -314,18 +314,32 @@ def test_empty_x_gives_empty_output(device):
         assert out.shape == (*shape[:-1], N) and out.dtype == torch.float16
 
 
-def test_wrappers_refuse_a_negated_or_conjugated_packed():
-    """PyTorch resolves a negated or conjugated view's values before an op reads its bytes, so the weight would
-    change: the wrappers refuse it by name (torch.ops.nf4.* cannot see the view's flag)."""
-    quantized = bnb_quantize((8, 96), "nf4", 64, nested=False, storage=torch.float32)
-    x = torch.zeros(2, 96)
-    negated = torch._neg_view(quantized.packed)
-    conjugated = torch.view_as_complex(quantized.packed.view(-1, 2)).conj()
-    for packed, kind in [(negated, "negated"), (conjugated, "conjugated")]:
-        with pytest.raises(ValueError, match=f"packed must be a plain tensor of bitsandbytes' bytes, got a {kind} view"):
-            nf4_ops.dequantize(packed, quantized.quant_state)
-        with pytest.raises(ValueError, match=f"got a {kind} view"):
-            nf4_ops.gemv(x, packed, quantized.quant_state)
+@pytest.mark.parametrize("device", ALL_DEVICES_AND_META)
+def test_negated_or_conjugated_views(device):
+    """PyTorch resolves a negated or conjugated view's values before an op reads its bytes, so a packed weight would
+    change (a negated byte b reads 256 - b) and an out= would be written into a resolved copy: the ops refuse both by
+    name, and resolve the other tensors as PyTorch does (an x that is a negated view gives -(-x)'s result)."""
+    args = valid_args(device, nested=False)
+    packed = torch.randint(0, 256, (N * K // 2,), dtype=torch.uint8).view(torch.float32).to(device)
+    args["packed"] = packed
+    x = torch.randn(X_ROWS, K).to(device)
+    negated, conjugated = torch._neg_view(packed), torch.view_as_complex(packed.view(-1, 2)).conj()
+    for view, kind in [(negated, "negated"), (conjugated, "conjugated")]:
+        with pytest.raises(RuntimeError, match=rf"nf4::dequantize: packed must be a plain tensor of bitsandbytes' "
+                                               rf"bytes, got a {kind} view"):
+            torch.ops.nf4.dequantize(dtype=torch.float32, **{**args, "packed": view})
+        with pytest.raises(RuntimeError, match=rf"nf4::gemv: packed must be .*, got a {kind} view"):
+            torch.ops.nf4.gemv(x, **{**args, "packed": view})
+    out = torch.empty(N, K, device=device)
+    with pytest.raises(RuntimeError, match=r"nf4::dequantize.out: out must be a plain tensor, got a negated view"):
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=torch._neg_view(out), **args)
+    if device != "meta":
+        assert torch.equal(torch.ops.nf4.gemv(torch._neg_view(-x), **args), torch.ops.nf4.gemv(x, **args))
+    quantized = bnb_quantize((8, 96), "nf4", 64, nested=False, storage=torch.float32)  # the wrappers: the ops' errors
+    with pytest.raises(RuntimeError, match="got a negated view"):
+        nf4_ops.dequantize(torch._neg_view(quantized.packed), quantized.quant_state)
+    with pytest.raises(RuntimeError, match="got a negated view"):
+        nf4_ops.gemv(torch.zeros(2, 96), torch._neg_view(quantized.packed), quantized.quant_state)
 
 
 def test_wrappers_name_a_quant_state_that_is_not_one():
