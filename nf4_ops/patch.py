@@ -246,10 +246,10 @@ def _mark_quantizer_compileable(model: torch.nn.Module, layers: list) -> None:
     quantizer.__dict__[_MODEL_LAYERS] = [weakref.ref(layer) for layer in layers]
 
 
-def _check_model(model) -> None:
-    """patch()'s and unpatch()'s argument check."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+def _check_module(name: str, value) -> None:
+    """patch()'s, unpatch()'s and is_patched()'s argument check."""
+    if not isinstance(value, torch.nn.Module):
+        raise TypeError(f"{name} must be a torch.nn.Module, got {type(value).__name__}")
 
 
 def patch(model: torch.nn.Module) -> torch.nn.Module:
@@ -260,7 +260,7 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
     transformers model's quantizer says it is compileable, so `generate` with a static cache compiles the
     decode step as it does for unquantized models (`generation_config.disable_compile` turns that off).
     """
-    _check_model(model)
+    _check_module("model", model)
     left_alone = []
     kernel_devices = _kernel_device_types()
     layers = _linear4bit_layers(model)
@@ -289,7 +289,7 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Restores the forward every patched Linear4bit in `model` had before patch(); returns `model`."""
-    _check_model(model)
+    _check_module("model", model)
     for _, module in _linear4bit_layers(model):
         saved = module.__dict__.pop(_SAVED, None)
         if saved is not None:
@@ -304,6 +304,5 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
 def is_patched(module: torch.nn.Module) -> bool:
     """Whether patch() put the nf4 ops' forward on this Linear4bit (a layer changed since, moved to a device without
     nf4 kernels or repacked, runs its original forward with a warning, and still counts as patched)."""
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    _check_module("module", module)
     return hasattr(module, _SAVED)
