@@ -245,11 +245,20 @@ WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const 
   check_same_device(op, "x", x, packed);
   TORCH_SYM_CHECK(x.sym_size(-1).sym_eq(spec.cols), op, ": x's last dimension must equal K = shape[1] = ",
                   text(spec.cols), ", got x of shape ", text(x.sym_sizes()));
-  // The output [..., N] within the weight's own bound (rows of x <= 2^60 / N, no product that could wrap): past it
-  // only meta or expanded x get here, and the allocation's own overflow error named neither the op nor x.
-  TORCH_SYM_CHECK((x.sym_numel() / spec.cols).sym_le(c10::SymInt(int64_t{1} << kMaxWeightElementsLog2) / spec.rows),
-                  op, ": the output [x rows, N] must have at most 2^", text(kMaxWeightElementsLog2),
-                  " elements, got x of shape ", text(x.sym_sizes()), " and N = ", text(spec.rows));
+  // x and the output [..., N] within the weight's own bound (no product that could wrap): past it only meta or
+  // expanded x get here, and the allocation of the output or of x's contiguous or fp32 copy failed with its own
+  // overflow error, which named neither the op nor x. Checked on concrete sizes only: on symbolic ones (torch.compile,
+  // torch.export) it would be a guard bounding x's rows, which an export with a named dynamic dimension refuses;
+  // the CPU and CUDA kernels check the concrete sizes when they run.
+  const std::optional<int64_t> x_elements = x.sym_numel().maybe_as_int(), n = spec.rows.maybe_as_int(),
+                               k = spec.cols.maybe_as_int();
+  if (x_elements && n && k) {  // (N, K > 0: checked above)
+    constexpr int64_t kMaxElements = int64_t{1} << kMaxWeightElementsLog2;
+    TORCH_CHECK(*x_elements <= kMaxElements, op, ": x must have at most 2^", kMaxWeightElementsLog2,
+                " elements, got x of shape ", text(x.sym_sizes()));
+    TORCH_CHECK(*x_elements / *k <= kMaxElements / *n, op, ": the output [x rows, N] must have at most 2^",
+                kMaxWeightElementsLog2, " elements, got x of shape ", text(x.sym_sizes()), " and N = ", *n);
+  }
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
     check_same_device(op, "bias", b, packed);

@@ -32,12 +32,22 @@ at::Tensor gemv_meta(NF4_GEMV_PARAMS) {
   return at::empty_symint(gemv_output_shape(x, spec.rows), x.options());
 }
 
+// nf4::dequantize.out through the dispatcher, for the kernels below that run it under their own key.
+const c10::TypedOperatorHandle<void(NF4_DEQUANTIZE_PARAMS, at::Tensor&)>& dequantize_out_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("nf4::dequantize", "out")
+                             .typed<void(NF4_DEQUANTIZE_PARAMS, at::Tensor&)>();
+  return op;
+}
+
 // The ops have no derivative of their own (nf4_ops.gemv's Python wrapper has one for x and bias). Without an
 // Autograd kernel PyTorch's global fallback only warned at backward and gave a None gradient. dequantize and gemv
 // take PyTorch's not-implemented fallback (below): backward, or torch.compile tracing a call whose inputs need
 // gradients, raises "derivative for nf4::... is not implemented". That fallback does nothing for dequantize.out,
-// whose schema returns no tensor: this kernel refuses inputs that need gradients, as ATen's out= ops do, and moves
-// out's version counter, so a backward that saved `out` before it was overwritten raises instead of reading it.
+// whose schema returns no tensor: this kernel refuses inputs that need gradients, as ATen's out= ops do. out's
+// version counter moves in the ADInplaceOrView kernel below this one, which torch.inference_mode() still runs for
+// ordinary tensors (it skips this one): a backward that saved `out` before it was overwritten raises instead of
+// reading it, inside inference mode or not.
 void dequantize_out_autograd(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
   if (at::GradMode::is_enabled()) {
     const std::pair<const char*, const at::Tensor*> differentiable[] = {
@@ -53,13 +63,16 @@ void dequantize_out_autograd(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
                   "under torch.no_grad() or on tensors that need no gradient");
     }
   }
+  at::AutoDispatchBelowAutograd below_autograd;  // on to ADInplaceOrView, which moves out's version
+  dequantize_out_op().call(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax, nested_code,
+                           nested_offset, nested_blocksize, out);
+}
+
+void dequantize_out_inplace_or_view(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
   {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("nf4::dequantize", "out")
-                               .typed<void(NF4_DEQUANTIZE_PARAMS, at::Tensor&)>();
-    op.call(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax, nested_code, nested_offset,
-            nested_blocksize, out);
+    at::AutoDispatchBelowADInplaceOrView below_inplace_or_view;
+    dequantize_out_op().call(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax, nested_code,
+                             nested_offset, nested_blocksize, out);
   }
   torch::autograd::impl::bump_version(out);
 }
@@ -124,6 +137,10 @@ TORCH_LIBRARY_IMPL(nf4, Autograd, m) {
   m.impl("dequantize", torch::autograd::autogradNotImplementedFallback());
   m.impl("gemv", torch::autograd::autogradNotImplementedFallback());
   m.impl("dequantize.out", &nf4::dequantize_out_autograd);
+}
+
+TORCH_LIBRARY_IMPL(nf4, ADInplaceOrView, m) {
+  m.impl("dequantize.out", &nf4::dequantize_out_inplace_or_view);
 }
 
 TORCH_LIBRARY_IMPL(nf4, Negative, m) {

@@ -159,6 +159,18 @@ def test_gemv_output_past_the_size_bound():
     assert torch.ops.nf4.gemv(torch.empty(2**20, k, device="meta"), **args).shape == (2**20, n)  # 2^60: at the bound
 
 
+def test_gemv_x_past_the_size_bound():
+    """An x of more than 2^60 elements (expanded; its output within the bound) is named too: the kernels' contiguous
+    or fp32 copy of it failed with the allocator's overflow error, which named neither the op nor x."""
+    n, k = 8, 96
+    args = dict(packed=torch.zeros(n * k // 2, dtype=torch.uint8), absmax=torch.ones(n * k // 64), blocksize=64,
+                quant_type="nf4", shape=[n, k])
+    x = torch.zeros(1, k, dtype=torch.float16).expand(2**56, k)  # output [2^56, 8]: 2^59 elements
+    with pytest.raises(RuntimeError, match=r"nf4::gemv: x must have at most 2\^60 elements, got x of shape "
+                                           r"\[72057594037927936, 96\]"):
+        torch.ops.nf4.gemv(x, **args)
+
+
 OUT_CASES = [
     ("dtype", lambda d: torch.empty(N, K, dtype=torch.float16, device=d), r"out must be BFloat16 \(the dtype argument\), got Half"),
     ("shape", lambda d: torch.empty(K, N, dtype=torch.bfloat16, device=d), r"out must have shape \[N, K\] = \[8, 96\], got \[96, 8\]"),
@@ -236,6 +248,17 @@ def test_dequantize_out_in_autograd(device):
     saved = weight * 1.0  # a non-leaf that the square below saves for its backward
     y = (saved * saved).sum()
     torch.ops.nf4.dequantize.out(dtype=torch.float32, out=saved.detach(), **args)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    # inside torch.inference_mode() too, which skips the Autograd kernel but still moves an ordinary tensor's version
+    weight = torch.zeros(N, K, device=device, requires_grad=True)
+    saved = weight * 1.0
+    y = (saved * saved).sum()
+    with torch.inference_mode():
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=saved.detach(), **args)
+        inference_out = torch.empty(N, K, device=device)  # an inference tensor, which has no version counter
+        torch.ops.nf4.dequantize.out(dtype=torch.float32, out=inference_out, **args)
+    assert torch.equal(inference_out, saved)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.backward()
     absmax = args["absmax"].clone().requires_grad_(True)

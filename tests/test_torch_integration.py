@@ -72,6 +72,24 @@ def test_compile_fullgraph_dynamic(device):
         torch.testing.assert_close(compiled(x3, *tensors), dequantize_then_gemv(x3, *tensors))
 
 
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_export_with_a_named_dynamic_dimension(device):
+    """torch.export with a named dynamic dimension on x's rows, as F.linear exports: the ops' size bounds put no
+    guard on it (gemv's rows-of-x bound had made one, which the export refused as a constraint violation); the
+    kernels still check the concrete sizes when they run."""
+    packed, args = weight(device, nested=False)
+
+    class Module(torch.nn.Module):
+        def forward(self, x, packed, absmax):
+            return torch.ops.nf4.gemv(x, packed, absmax, 64, "nf4", [48, 512])
+
+    exported = torch.export.export(Module(), (torch.randn(3, 512, device=device), packed, args["absmax"]),
+                                   dynamic_shapes=({0: torch.export.Dim("rows")}, None, None))
+    x = torch.randn(5, 512, device=device)
+    torch.testing.assert_close(exported.module()(x, packed, args["absmax"]),
+                               torch.ops.nf4.gemv(x, packed, args["absmax"], 64, "nf4", [48, 512]))
+
+
 def test_compile_dynamic_errors_name_the_sizes_passed():
     """Under dynamic shapes an error names each symbolic size with the value this call has, not the symbol alone."""
     torch._dynamo.reset()
