@@ -110,6 +110,9 @@ def dequantize(
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype was not given and quant_state.dtype is not a torch.dtype (got "
                             f"{type(dtype).__name__}); pass dtype")
+    elif not isinstance(dtype, torch.dtype):  # the op would read an int as a ScalarType's number
+        raise TypeError(f"nf4_ops.dequantize: dtype must be a torch.dtype or None, got {type(dtype).__name__} "
+                        f"{dtype!r}")
     if out is None:
         return torch.ops.nf4.dequantize(packed, dtype=dtype, **args)
     torch.ops.nf4.dequantize.out(packed, dtype=dtype, out=out, **args)
@@ -135,7 +138,10 @@ def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Op
     (patch()'s forward calls it per layer and call)."""
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         return _Nf4Linear.apply(x, bias, packed, args)
-    return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+    # packed is bytes, never differentiated; a float-storage weight (quant_storage=bf16) may still require grad, and
+    # the op's not-implemented autograd kernel would then fail the backward (and torch.compile) of an output that
+    # bitsandbytes treats as the product of a frozen weight
+    return torch.ops.nf4.gemv(x, packed.detach(), bias=bias, **args)
 
 
 class _Nf4Linear(torch.autograd.Function):
@@ -169,5 +175,8 @@ class _Nf4Linear(torch.autograd.Function):
 
 
 def _versions(packed: torch.Tensor, args: dict[str, Any]) -> tuple[int, ...]:
-    """The version counters of the weight's tensors (packed and the QuantState's), in a fixed order."""
-    return (packed._version,) + tuple(v._version for v in args.values() if isinstance(v, torch.Tensor))
+    """The version counters of the weight's tensors (packed and the QuantState's), in a fixed order. An inference
+    tensor (a weight quantized under torch.inference_mode()) has none, and outside inference mode cannot be changed
+    in place at all: it counts as -1."""
+    tensors = (packed,) + tuple(v for v in args.values() if isinstance(v, torch.Tensor))
+    return tuple(-1 if t.is_inference() else t._version for t in tensors)

@@ -115,7 +115,12 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
     quant_state = self.weight.quant_state
 
     if not self.compute_type_is_set:
-        self.set_compute_type(x)
+        if torch.compiler.is_compiling():
+            # bitsandbytes' rule without its fp16 warning, a logger call that torch.compile cannot trace (fullgraph)
+            if x.dtype in (torch.float32, torch.bfloat16):
+                self.compute_dtype = x.dtype
+        else:
+            self.set_compute_type(x)
         self.compute_type_is_set = True
     input_dtype = x.dtype
     if self.compute_dtype is not None:
@@ -137,9 +142,9 @@ def _patched_forward_of(module) -> functools.partial:
     return functools.partial(_patched_forward, module)
 
 
-def _is_patched_forward_of(value, module) -> bool:
-    return (isinstance(value, functools.partial) and value.func is _patched_forward and len(value.args) == 1
-            and value.args[0] is module)  # fmt: skip
+def _is_patched_forward(value) -> bool:
+    """Whether `value` is a forward patch() installed (on this layer, or on the layer a shallow copy was made of)."""
+    return isinstance(value, functools.partial) and value.func is _patched_forward and len(value.args) == 1
 
 
 class _SavedForward:
@@ -159,9 +164,10 @@ class _SavedForward:
 
     def restore(self, module) -> None:
         """Puts the old forward back wherever the patched one is now: accelerate moves it between `forward` and
-        `_old_forward` when a hook is added or removed after patch(), and a hook added after patch() stays."""
+        `_old_forward` when a hook is added or removed after patch(), and a hook added after patch() stays. A shallow
+        copy (copy.copy) holds the forward patched on its original, which goes too."""
         for attribute in ("forward", "_old_forward"):
-            if not _is_patched_forward_of(module.__dict__.get(attribute), module):
+            if not _is_patched_forward(module.__dict__.get(attribute)):
                 continue
             if self.had_instance_attribute:
                 setattr(module, attribute, self.previous)

@@ -413,6 +413,9 @@ def test_wrappers_name_an_argument_that_is_not_a_tensor():
         nf4_ops.gemv([[0.0] * 96], packed, state)
     with pytest.raises(TypeError, match=r"bias must be a torch\.Tensor or None, got float"):
         nf4_ops.gemv(x, packed, state, bias=1.0)
+    for dtype in (5, "float16"):  # an int was taken as a ScalarType's number (5: float16), a str got pybind's dump
+        with pytest.raises(TypeError, match=r"nf4_ops\.dequantize: dtype must be a torch\.dtype or None, got "):
+            nf4_ops.dequantize(packed, state, dtype=dtype)
     state = copy.copy(state)
     state.dtype = None
     with pytest.raises(TypeError, match=r"dtype was not given and quant_state\.dtype is not a torch\.dtype"):

@@ -125,6 +125,17 @@ def test_greedy_generate_same_tokens(arch, tmp_root):
         assert torch.equal(model.generate(PROMPT, **kwargs), expected)
 
 
+def test_unpatch_of_a_shallow_copy_restores_its_forward():
+    """copy.copy of a patched layer (and nn.DataParallel's replicas) holds the forward patched on the original;
+    unpatch() of the copy had left it there while is_patched() said False."""
+    layer = nf4_ops.patch(new_quantized_layer())
+    clone = copy.copy(layer)
+    assert nf4_ops.is_patched(clone)
+    nf4_ops.unpatch(clone)
+    assert not nf4_ops.is_patched(clone) and "forward" not in clone.__dict__
+    assert nf4_ops.is_patched(layer)  # the original keeps its patch
+
+
 def test_unpatch_restores_exactly_and_patch_twice_is_harmless(tmp_root):
     model = load_4bit(saved_tiny_model("llama", tmp_root))
     before = logits(model)
@@ -203,6 +214,67 @@ def test_backward_after_the_weight_changed_in_place_is_an_error():
     weight_tensors = [packed, state.absmax, state.state2.absmax, state.state2.code, state.offset] if state.nested else [
         packed, state.absmax]
     assert not any(t is w for t in seen for w in weight_tensors)
+
+
+def test_weight_quantized_in_inference_mode_takes_the_autograd_rule():
+    """A weight quantized (a model loaded) under torch.inference_mode() is made of inference tensors, which have no
+    version counter: the rule's version check had raised "Inference tensors do not track version counter" at the
+    forward of any call that needs gradients (a patched layer's default bias needs one), where bitsandbytes runs."""
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        layer = new_quantized_layer(bias=True)
+        quantized = bnb_quantize((40, 96), "nf4", 64, nested=True)
+        packed = quantized.packed.clone()
+        state = copy.copy(quantized.quant_state)
+        state.absmax = state.absmax.clone()
+    assert layer.weight.is_inference() and packed.is_inference()
+    expected = torch.nn.functional.linear(
+        x := torch.randn(3, 128), bnb_dequantize_4bit(layer.weight.data, layer.weight.quant_state), layer.bias)
+    nf4_ops.patch(layer)
+    torch.testing.assert_close(layer(x), expected)  # grad mode on, the bias needs a gradient: the rule's path
+    x = torch.randn(3, 96, requires_grad=True)
+    nf4_ops.gemv(x, packed, state).sum().backward()
+    weight = bnb_dequantize_4bit(packed, state)
+    torch.testing.assert_close(x.grad, weight.sum(0).expand(3, 96))
+
+
+def test_float_storage_weight_that_requires_grad_is_taken_as_frozen():
+    """A weight of float storage (quant_storage=bf16: a floating-point Params4bit) may require grad, e.g. after
+    model.requires_grad_(True). bitsandbytes treats it as frozen; the patched forward had handed it to the op, whose
+    not-implemented autograd kernel then failed the backward and torch.compile of every call whose x and bias
+    needed no gradient."""
+    torch.manual_seed(0)
+    layer = bnb.nn.Linear4bit(128, 40, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4",
+                              quant_storage=torch.bfloat16).to("cpu").train()
+    layer.weight.requires_grad_(True)
+    nf4_ops.patch(layer)
+    x, head = torch.randn(3, 128), torch.randn(40, requires_grad=True)  # something trainable after the layer
+    y = layer(x)
+    (y.float() * head).sum().backward()
+    torch.testing.assert_close(head.grad, y.detach().float().sum(0))
+    assert layer.weight.grad is None
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(layer, fullgraph=True, backend="eager")(x), y.detach())
+
+
+def test_compile_fullgraph_first_call_fp16_with_the_default_compute_dtype():
+    """A layer whose compute dtype is bitsandbytes' default (None) and whose first call is compiled with fp16 x:
+    bitsandbytes' set_compute_type logs a warning there, which torch.compile cannot trace with fullgraph=True; the
+    patched forward applies its rule without the warning when compiling."""
+    torch.manual_seed(0)
+    layer = bnb.nn.Linear4bit(128, 40, bias=True, quant_type="nf4").to("cpu").train()
+    assert layer.compute_dtype is None
+    nf4_ops.patch(layer)
+    x = torch.randn(3, 128, dtype=torch.float16)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        y = torch.compile(layer, fullgraph=True, backend="eager")(x)
+        assert layer.compute_type_is_set and layer.compute_dtype is None  # bitsandbytes' rule for fp16 x
+        torch.testing.assert_close(y, layer(x))
+        bf16 = bnb.nn.Linear4bit(128, 40, bias=True, quant_type="nf4").to("cpu").train()
+        nf4_ops.patch(bf16)
+        torch.compile(bf16, fullgraph=True, backend="eager")(x.bfloat16())
+        assert bf16.compute_dtype == torch.bfloat16  # and for bf16 x
 
 
 def new_quantized_layer(cls=None, bias=False, dtype=torch.float32):
