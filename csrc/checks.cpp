@@ -254,10 +254,11 @@ WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const 
                                k = spec.cols.maybe_as_int();
   if (x_elements && n && k) {  // (N, K > 0: checked above)
     constexpr int64_t kMaxElements = int64_t{1} << kMaxWeightElementsLog2;
-    TORCH_CHECK(*x_elements <= kMaxElements, op, ": x must have at most 2^", kMaxWeightElementsLog2,
+    TORCH_CHECK(*x_elements <= kMaxElements, op, ": x must have at most 2^", text(kMaxWeightElementsLog2),
                 " elements, got x of shape ", text(x.sym_sizes()));
     TORCH_CHECK(*x_elements / *k <= kMaxElements / *n, op, ": the output [x rows, N] must have at most 2^",
-                kMaxWeightElementsLog2, " elements, got x of shape ", text(x.sym_sizes()), " and N = ", *n);
+                text(kMaxWeightElementsLog2), " elements, got x of shape ", text(x.sym_sizes()), " and N = ",
+                text(*n));
   }
   if (bias.has_value()) {
     const at::Tensor& b = *bias;
