@@ -134,6 +134,8 @@ def test_unpatch_of_a_shallow_copy_restores_its_forward():
     nf4_ops.unpatch(clone)
     assert not nf4_ops.is_patched(clone) and "forward" not in clone.__dict__
     assert nf4_ops.is_patched(layer)  # the original keeps its patch
+    nf4_ops.patch(clone)  # and the copy, patched again, runs a forward of its own (README, Limitations)
+    assert clone.forward.args[0] is clone and layer.forward.args[0] is layer
 
 
 def test_unpatch_restores_exactly_and_patch_twice_is_harmless(tmp_root):
