@@ -136,12 +136,14 @@ def gemv(
 def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Optional[torch.Tensor]) -> torch.Tensor:
     """gemv on op arguments already taken from a QuantState, with the autograd rule where x or bias need gradients
     (patch()'s forward calls it per layer and call)."""
-    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
-        return _Nf4Linear.apply(x, bias, packed, args)
     # packed is bytes, never differentiated; a float-storage weight (quant_storage=bf16) may still require grad, and
     # the op's not-implemented autograd kernel would then fail the backward (and torch.compile) of an output that
-    # bitsandbytes treats as the product of a frozen weight
-    return torch.ops.nf4.gemv(x, packed.detach(), bias=bias, **args)
+    # bitsandbytes treats as the product of a frozen weight. (A detached tensor keeps its base's version counter, which
+    # the rule below checks.)
+    packed = packed.detach()
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return _Nf4Linear.apply(x, bias, packed, args)
+    return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
 
 
 class _Nf4Linear(torch.autograd.Function):
