@@ -61,16 +61,31 @@ def bnb_quantize(
     return Quantized(weight, packed, state)
 
 
+def bnb_cpu_kernels_from_gpu_build() -> bool:
+    """Whether bitsandbytes loaded its CUDA-build library (it does wherever torch sees a CUDA GPU), whose CPU kernels
+    convert to fp16 in software, rounding exact ties away from zero (0.50.2's cpu_ops.h float_to_fp16 without
+    __AVX2__), where its CPU-only library, its CUDA kernels and torch round them to even (test_dequantize.py,
+    test_bnb_cpu_fp16_ties)."""
+    from bitsandbytes import cextension
+
+    return isinstance(cextension.lib, cextension.CudaBNBNativeLibrary)
+
+
 def bnb_dequantize_4bit(packed: torch.Tensor, state) -> torch.Tensor:
-    """bitsandbytes' dequantize_4bit, the oracle for bit-exactness. One exception, on the CPU, where blocks
-    straddle rows (K % blocksize != 0): there bitsandbytes 0.50.2's native CPU kernel is wrong on CPUs with
-    AVX-512 (seen on an AMD EPYC: every such case differs from its own scalar branch, its CUDA kernels and its
-    pure-PyTorch implementation; its AVX-512 branch indexes the blocks per row), so its pure-PyTorch
-    implementation, which it runs itself for odd K and for blocksizes of 2048 and more on those CPUs, is the
-    oracle there, on every CPU. Blocks within rows, and every GPU comparison, use bitsandbytes' own kernels."""
+    """bitsandbytes' dequantize_4bit, the oracle for bit-exactness. Two exceptions, both on the CPU, where its
+    pure-PyTorch implementation (the same fp32 math, converted by torch) is the oracle instead:
+    - where blocks straddle rows (K % blocksize != 0): bitsandbytes 0.50.2's native CPU kernel is wrong there on
+      CPUs with AVX-512 (seen on an AMD EPYC: every such case differs from its own scalar branch, its CUDA kernels
+      and its pure-PyTorch implementation; its AVX-512 branch indexes the blocks per row), and it runs that
+      implementation itself for odd K and for blocksizes of 2048 and more on those CPUs; on every CPU;
+    - fp16 output where bitsandbytes loaded its CUDA-build library (bnb_cpu_kernels_from_gpu_build): its CPU
+      kernels there round fp16 ties away from zero (~1 element in 8000 of random weights).
+    Every other CPU comparison, and every GPU one, uses bitsandbytes' own kernels."""
     import bitsandbytes.functional as bnbf
 
-    if packed.device.type != "cpu" or state.shape[-1] % state.blocksize == 0:
+    straddles = state.shape[-1] % state.blocksize != 0
+    fp16_ties = state.dtype == torch.float16 and bnb_cpu_kernels_from_gpu_build()
+    if packed.device.type != "cpu" or not (straddles or fp16_ties):
         return bnbf.dequantize_4bit(packed, state)
     from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
     from bitsandbytes.backends.utils import _get_4bit_code

@@ -10,8 +10,8 @@ import torch
 
 import nf4_ops
 from conftest import (
-    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, bnb_cuda_works, bnb_dequantize_4bit, bnb_quantize,
-    dtype_id, state_on,
+    ALL_DEVICES, BLOCKSIZES, FLOAT_DTYPES, QUANT_TYPES, STORAGES, bnb_cpu_kernels_from_gpu_build, bnb_cuda_works,
+    bnb_dequantize_4bit, bnb_quantize, dtype_id, state_on,
 )  # fmt: skip
 from nf4_ops.reference import FP4_TABLE, NF4_TABLE, TABLES, dequantize_reference
 
@@ -189,3 +189,27 @@ def test_edge_scales_bit_exact_cpu(quant_type, blocksize, dtype):
     assert nan.any() and torch.equal(out.isnan(), nan)
     assert_bits_equal(out[~nan], expected[~nan])
 
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+def test_bnb_fp16_ties(device):
+    """Why bnb_dequantize_4bit (conftest.py) takes bitsandbytes' pure-PyTorch implementation as the CPU oracle for
+    fp16 where bitsandbytes loaded its CUDA-build library: 0.50.2's CPU dequantize_4bit rounds an fp16 tie to even
+    from its CPU-only library, as torch, its CUDA kernels and ours do, but away from zero from its CUDA-build library
+    (loaded wherever torch sees a GPU; its CPU code converts in software there). If the bitsandbytes assertion fails,
+    bitsandbytes changed: revisit that exception."""
+    import bitsandbytes.functional as bnbf
+
+    # nibbles 15 and 0 (NF4's codes 1.0 and -1.0) times 1 + 2^-11: halfway between fp16's 1.0 and 1 + 2^-10
+    absmax = torch.tensor([float_of_bits(0x3F801000)], device=device)
+    packed = torch.full((32, 1), 0xF0, dtype=torch.uint8, device=device)
+    to_even = torch.tensor([1.0, -1.0] * 32, dtype=torch.float16).reshape(1, 64)
+    away = torch.tensor([1 + 2**-10, -(1 + 2**-10)] * 32, dtype=torch.float16).reshape(1, 64)
+    ours = torch.ops.nf4.dequantize(packed, absmax, 64, "nf4", [1, 64], torch.float16)
+    assert torch.equal(ours.cpu(), to_even)
+    if device == "cuda" and not bnb_cuda_works():
+        pytest.skip("bitsandbytes has no CUDA backend here")
+    state = bnbf.QuantState(absmax=absmax, shape=torch.Size([1, 64]), blocksize=64, quant_type="nf4",
+                            dtype=torch.float16)  # fmt: skip
+    theirs = bnbf.dequantize_4bit(packed, state).cpu()
+    assert torch.equal(theirs, away if device == "cpu" and bnb_cpu_kernels_from_gpu_build() else to_even)
