@@ -2,8 +2,9 @@
 test_dequantize.py) set one at a time: W's shape and size (around the sizes at which csrc/ops.h's tables change the
 kernel), rows of x, x's dtype, layout and leading dimensions, quant type, blocksize, nested absmax, bias and the
 weight's dtype. Each call is checked as those tests check theirs: gemv within the tolerance rule and the same bits
-on a second call, dequantize bit-exact with bitsandbytes. On CUDA the sized draw must also reach every gemv kernel
-this GPU and build can run, so that the draw cannot quietly stop exercising one."""
+on a second call, dequantize bit-exact with bitsandbytes and its out variant with it; the Meta kernels give the same
+shapes and dtypes. On CUDA the sized draw must also reach every gemv kernel this GPU and build can run, so that the
+draw cannot quietly stop exercising one."""
 
 from __future__ import annotations
 
@@ -117,13 +118,23 @@ def check_call(call: Call, device: str, seed: int) -> None:
     args = nf4_ops.quant_state_args(state)
     weight = torch.ops.nf4.dequantize(packed, dtype=call.weight_dtype, **args)
     assert torch.equal(weight, bnb_dequantize_4bit(packed, state)), f"dequantize differs from bitsandbytes: {call}"
-    del weight
+    into = torch.full_like(weight, float("nan"))
+    torch.ops.nf4.dequantize.out(packed, dtype=call.weight_dtype, out=into, **args)
+    assert torch.equal(into, weight), f"dequantize.out differs from dequantize: {call}"
+    del weight, into
     x = x_for(call, device, seed)
     bias = random_x((call.n,), call.x_dtype, device, seed + 1) if call.bias else None
     out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
     try:
         assert_gemv_close(out, x, packed, args, bias)
         assert torch.equal(torch.ops.nf4.gemv(x, packed, bias=bias, **args), out), "not the same bits on a second call"
+        # the Meta kernels: the same output shape, dtype and (dense) strides from the same arguments
+        on_meta = {name: v.to("meta") if torch.is_tensor(v) else v for name, v in args.items()}
+        meta_bias = bias.to("meta") if bias is not None else None
+        meta_out = torch.ops.nf4.gemv(x.to("meta"), packed.to("meta"), bias=meta_bias, **on_meta)
+        assert (meta_out.shape, meta_out.dtype, meta_out.stride()) == (out.shape, out.dtype, out.stride()), "Meta gemv"
+        meta_weight = torch.ops.nf4.dequantize(packed.to("meta"), dtype=call.weight_dtype, **on_meta)
+        assert (meta_weight.shape, meta_weight.dtype) == ((call.n, call.k), call.weight_dtype), "Meta dequantize"
     except AssertionError as error:
         raise AssertionError(f"{call}: {error}") from error
 
