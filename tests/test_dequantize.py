@@ -190,7 +190,6 @@ def test_edge_scales_bit_exact_cpu(quant_type, blocksize, dtype):
     assert_bits_equal(out[~nan], expected[~nan])
 
 
-
 @pytest.mark.parametrize("device", ALL_DEVICES)
 def test_bnb_fp16_ties(device):
     """Why bnb_dequantize_4bit (conftest.py) takes bitsandbytes' pure-PyTorch implementation as the CPU oracle for

@@ -19,7 +19,7 @@ from conftest import ALL_DEVICES, HAS_CUDA, assert_gemv_close, bnb_cuda_works, b
 from test_gemv import random_x, warpgroup_kernel_on
 
 # Packed sizes (MiB) at or next to which csrc/ops.h's row tables change (one-row, warpgroup, many-rows and tail
-# limits), for the sized draw.
+# limits), for the sized draw (whose 48 calls come to 1-97 MiB: TABLE_EDGE_CALLS take the entries from 100 MiB).
 TABLE_SIZES_MIB = [1, 4, 5, 8, 16, 30, 32, 48, 55, 100]
 
 
@@ -56,11 +56,13 @@ def draw_call(rng: random.Random, n: int, k: int, most_x_rows: int) -> Call:
     if x_rows % 2 == 0 and rng.random() < 0.25:
         leading = (2, x_rows // 2)
     layout = rng.choices(["contiguous", "transposed", "strided"], weights=[70, 15, 15])[0]
-    return Call(n, k, x_rows, leading if layout == "contiguous" else (x_rows,),
-                rng.choice([torch.float16, torch.bfloat16, torch.bfloat16, torch.float32]), layout,
-                rng.choice(["nf4", "fp4"]), rng.choice([32, 64, 64, 64, 128, 256, 512, 1024, 2048, 4096]),
-                rng.random() < 0.5, rng.choice([torch.float32, torch.float16, torch.bfloat16]),
-                rng.random() < 0.3)  # fmt: skip
+    # keyword arguments in the order of the draws (reordering them would change every seed's calls)
+    return Call(n=n, k=k, x_rows=x_rows, leading=leading if layout == "contiguous" else (x_rows,),
+                x_dtype=rng.choice([torch.float16, torch.bfloat16, torch.bfloat16, torch.float32]), x_layout=layout,
+                quant_type=rng.choice(["nf4", "fp4"]),
+                blocksize=rng.choice([32, 64, 64, 64, 128, 256, 512, 1024, 2048, 4096]), nested=rng.random() < 0.5,
+                weight_dtype=rng.choice([torch.float32, torch.float16, torch.bfloat16]),
+                bias=rng.random() < 0.3)  # fmt: skip
 
 
 def draw_small_k(rng: random.Random) -> int:
@@ -81,8 +83,8 @@ def small_calls(count: int, seed: int) -> list[Call]:
 
 
 def sized_calls(count: int, seed: int) -> list[Call]:
-    """Weights at or next to the tables' sizes (up to ~110 MiB packed), K as the paper's layers have it or any
-    multiple of 256, N not always a multiple of 16."""
+    """Weights at or next to the tables' sizes, K as the paper's layers have it or any multiple of 256, N not always
+    a multiple of 16."""
     rng = random.Random(seed)
     calls = []
     for _ in range(count):
@@ -112,8 +114,8 @@ def x_for(call: Call, device: str, seed: int) -> torch.Tensor:
     return random_x(call.leading + (call.k,), call.x_dtype, device, seed)
 
 
-def check_call(call: Call, device: str, seed: int) -> None:
-    """Runs the call's dequantize and gemv and checks them."""
+def check_call(call: Call, device: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, dict, torch.Tensor | None]:
+    """Runs the call's dequantize and gemv and checks them; returns gemv's inputs (x, packed, args, bias)."""
     packed, state = quantize(call, device, seed)
     args = nf4_ops.quant_state_args(state)
     weight = torch.ops.nf4.dequantize(packed, dtype=call.weight_dtype, **args)
@@ -137,6 +139,7 @@ def check_call(call: Call, device: str, seed: int) -> None:
         assert (meta_weight.shape, meta_weight.dtype) == ((call.n, call.k), call.weight_dtype), "Meta dequantize"
     except AssertionError as error:
         raise AssertionError(f"{call}: {error}") from error
+    return x, packed, args, bias
 
 
 SMALL_CALLS = small_calls(60, seed=20261127)
@@ -151,18 +154,36 @@ def test_random_small_calls(index, device):
         check_call(call, device, seed=index + offset)
 
 
-# The gemv kernels a call may launch (csrc/gemv.cu, gemv_many_rows.cu), and dequantize + cuBLAS past their rows.
-GEMV_KERNELS = ["one_row_gemv_kernel", "tc_gemv_kernel", "wg_gemv_kernel", "many_rows_gemv_kernel"]
+# The tables' entries from 100 MiB (the one-row kernel's rows, the H200's warpgroup rows, the many-rows kernel's tail
+# launches), at rows that take them: Llama-3.3-70B's gate/up (112 MiB) and a W of 100 MiB.
+TABLE_EDGE_CALLS = [
+    Call(n=28672, k=8192, x_rows=1, leading=(1,), x_dtype=torch.bfloat16, x_layout="contiguous", quant_type="nf4",
+         blocksize=64, nested=True, weight_dtype=torch.bfloat16, bias=False),
+    Call(n=28672, k=8192, x_rows=41, leading=(41,), x_dtype=torch.float16, x_layout="contiguous", quant_type="fp4",
+         blocksize=128, nested=False, weight_dtype=torch.float16, bias=True),  # 32 rows + a tail launch of 9
+    Call(n=25600, k=8192, x_rows=8, leading=(8,), x_dtype=torch.bfloat16, x_layout="contiguous", quant_type="nf4",
+         blocksize=64, nested=False, weight_dtype=torch.float32, bias=False),
+    Call(n=25600, k=8192, x_rows=12, leading=(12,), x_dtype=torch.bfloat16, x_layout="strided", quant_type="nf4",
+         blocksize=256, nested=True, weight_dtype=torch.float32, bias=True),
+]  # fmt: skip
+
+# The gemv kernels a call may launch (csrc/gemv.cu, gemv_many_rows.cu; fused_gemv_kernel is the CUDA-core one); a
+# call that launches none of them but a dequantize kernel went through dequantize + cuBLAS.
+GEMV_KERNELS = ["one_row_gemv_kernel", "tc_gemv_kernel", "wg_gemv_kernel", "many_rows_gemv_kernel", "fused_gemv_kernel"]
+DEQUANTIZE_AND_CUBLAS = "dequantize + cuBLAS"
 
 
 def kernels_launched(call: Call, seed: int) -> set[str]:
+    """Checks the call, then returns what its gemv launches (profiled alone, after the checks)."""
+    x, packed, args, bias = check_call(call, "cuda", seed)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        check_call(call, "cuda", seed)
+        torch.ops.nf4.gemv(x, packed, bias=bias, **args)
         torch.cuda.synchronize()
     names = [event.name for event in profile.events()]
     found = {kernel for kernel in GEMV_KERNELS if any(kernel in name for name in names)}
-    if not found:  # no gemv kernel: the call went through dequantize + cuBLAS, or took the CUDA-core kernel
-        found.add("other")
+    if not found and any("dequantize_kernel" in name for name in names):
+        found.add(DEQUANTIZE_AND_CUBLAS)
+    assert found, f"{call}: gemv launched neither a gemv kernel nor a dequantize: {names}"
     return found
 
 
@@ -171,10 +192,13 @@ def test_random_sized_calls():
     if not bnb_cuda_works():
         pytest.skip("bitsandbytes has no CUDA backend here")
     seen: set[str] = set()
-    for seed, call in enumerate(sized_calls(48, seed=20261128)):
+    for seed, call in enumerate(sized_calls(48, seed=20261128) + TABLE_EDGE_CALLS):
         kernels = kernels_launched(call, seed)
         print(f"{call}: {' '.join(sorted(kernels))}")  # with -s, the kernels each call took
         seen |= kernels
         torch.cuda.empty_cache()
-    expected = set(GEMV_KERNELS) - (set() if warpgroup_kernel_on() else {"wg_gemv_kernel"})
-    assert expected | {"other"} <= seen, f"the draw reached only {sorted(seen)}"
+    # every path but the CUDA-core kernel, which this draw need not reach (test_gemv.py's shapes do)
+    expected = {"one_row_gemv_kernel", "tc_gemv_kernel", "many_rows_gemv_kernel", DEQUANTIZE_AND_CUBLAS}
+    if warpgroup_kernel_on():
+        expected.add("wg_gemv_kernel")
+    assert expected <= seen, f"the draw reached only {sorted(seen)}"
