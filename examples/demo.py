@@ -1,13 +1,18 @@
 """Demo: one linear layer quantized by bitsandbytes, run through nf4-ops and through bitsandbytes.
 
 Shows that nf4::dequantize is bit-exact with bitsandbytes and that nf4::gemv matches F.linear on the
-dequantized weight, then times both libraries on whatever device is here (a GPU shows the speedup; on a
-CPU the numbers are the CPU kernels', not the point of the project).
+dequantized weight, then times both libraries, and cuBLAS on the unquantized bf16 weight, on whatever device is
+here (a GPU shows the speedup; on a CPU the numbers are the CPU kernels', not the point of the project).
 
-    python examples/demo.py [--shape N K] [--rows M]   (default: Llama-3.3-70B's o projection, 8192x8192)
+On a GPU each call is timed as benchmarks/bench_kernels.py times it: inside a CUDA graph that cycles through
+enough copies of the weight to exceed the L2 cache, so that every call reads its weight from memory, as in a
+model's forward pass, where each layer's weight is read once per token.
+
+    python examples/demo.py [--shape N K] [--rows M]   (default on a GPU: Llama-3.3-70B's o projection, 8192x8192)
 """
 
 import argparse
+import math
 import statistics
 import time
 
@@ -17,23 +22,46 @@ import torch
 
 import nf4_ops
 
+REPEATS = {"cuda": 50, "cpu": 5}  # timed graph replays (GPU) or calls (CPU); the median is printed
 
-def median_ms(fn, device, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
+
+def median_us(fn, inputs: list, device: str) -> float:
+    """Median time in µs of one fn(*args) call, args taken from inputs in turn (one set per weight copy)."""
+    if device == "cpu":
+        fn(*inputs[0])  # warm-up
+        times = []
+        for i in range(REPEATS["cpu"]):
             start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
+            fn(*inputs[i % len(inputs)])
+            times.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(times)
+    side = torch.cuda.Stream()  # warm-up (lazy init, workspaces) on a side stream, outside the graph
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for args in inputs:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for args in inputs:
+            fn(*args)
+    graph.replay()
+    times = []
+    for _ in range(REPEATS["cuda"]):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(inputs))
     return statistics.median(times)
+
+
+def weight_copies(device: str, weight_bytes: int) -> int:
+    """How many copies of the weight the timed calls cycle through: on a GPU enough for twice its L2 cache."""
+    if device == "cpu":
+        return 1
+    return max(2, math.ceil(2 * torch.cuda.get_device_properties(device).L2_cache_size / weight_bytes))
 
 
 def main():
@@ -43,7 +71,6 @@ def main():
     args = parser.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     n, k = args.shape or ((8192, 8192) if device == "cuda" else (4096, 4096))
-    repeats = 50 if device == "cuda" else 5
     print(f"device: {torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}; layer {n}x{k}, NF4, "
           f"blocksize 64, nested absmax, bf16; bitsandbytes {bnb.__version__}, torch {torch.__version__}")
 
@@ -60,15 +87,32 @@ def main():
     print(f"dequantize bit-exact with bitsandbytes: {exact}")
     print(f"gemv vs float64 F.linear on the dequantized weight: relative error {rel:.2e}")
 
-    rows = [
-        ("dequantize", lambda: nf4_ops.dequantize(packed, state), lambda: bnbf.dequantize_4bit(packed, state)),
-        (f"matmul, {args.rows} row(s)", lambda: nf4_ops.gemv(x, packed, state),
-         lambda: bnb.matmul_4bit(x, packed.t(), quant_state=state)),
+    # quantizing the same weight again gives the same bytes in new buffers
+    copies = weight_copies(device, packed.numel() * packed.element_size())
+    quantized = [(packed, state)] + [
+        bnbf.quantize_4bit(weight, blocksize=64, compress_statistics=True, quant_type="nf4") for _ in range(copies - 1)
+    ]
+    with_outputs = [(p, s, torch.empty(n, k, dtype=torch.bfloat16, device=device)) for p, s in quantized]
+    dense = [(weight,)] + [(weight.clone(),) for _ in range(weight_copies(device, weight.numel() * 2) - 1)]
+    # on a GPU each copy dequantizes into its own output buffer, so that the outputs rotate past L2 too
+    # (bitsandbytes has no CPU kernel for an output buffer: there both allocate theirs)
+    into = device == "cuda"
+    ops = [
+        ("dequantize", with_outputs, lambda p, s, out: nf4_ops.dequantize(p, s, out=out if into else None),
+         lambda p, s, out: bnbf.dequantize_4bit(p, s, out=out if into else None)),
+        (f"matmul, {args.rows} row(s)", quantized, lambda p, s: nf4_ops.gemv(x, p, s),
+         lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s)),
     ]  # fmt: skip
-    print(f"\n| op | nf4-ops ms | bitsandbytes ms | speedup |\n|---|---|---|---|")
-    for name, ours_fn, theirs_fn in rows:
-        t_ours, t_theirs = median_ms(ours_fn, device, repeats), median_ms(theirs_fn, device, repeats)
-        print(f"| {name} | {t_ours:.3f} | {t_theirs:.3f} | {t_theirs / t_ours:.2f}x |")
+    how = (f"each call in a CUDA graph cycling through {copies} copies of the weight, past the L2 cache"
+           if device == "cuda" else "each call timed alone")
+    print(f"\nmedian µs per call ({how}):\n")
+    print("| op | nf4-ops µs | bitsandbytes µs | speedup |\n|---|---|---|---|")
+    for name, inputs, ours_fn, theirs_fn in ops:
+        t_ours, t_theirs = median_us(ours_fn, inputs, device), median_us(theirs_fn, inputs, device)
+        print(f"| {name} | {t_ours:.1f} | {t_theirs:.1f} | {t_theirs / t_ours:.2f}x |")
+    t_dense = median_us(lambda w: torch.nn.functional.linear(x, w), dense, device)
+    print(f"\nThe same matmul on the unquantized bf16 weight (F.linear): {t_dense:.1f} µs; "
+          f"nf4-ops' speedup over it: {t_dense / t_ours:.2f}x.")
     if device == "cpu":
         print("\n(CPU timings; the kernels this project tunes run on NVIDIA GPUs: see README, Performance.)")
     raise SystemExit(0 if exact else 1)
