@@ -1,5 +1,7 @@
 // CPU vector code shared by the CPU kernels: dequantize_elements' block policy for x86-64 CPUs with AVX-512
 // (F, BW, VL), chosen at run time (cpu_has_avx512), so the build needs no flag and other CPUs keep ScalarBlocks.
+// NF4_OPS_AVX512=0 in the environment makes the CPU kernels take the path of a CPU without it (scripts/test.sh
+// runs the CPU kernels' tests that way too, so that both paths are tested on any CPU that has it).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -8,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "environment.h"
 #include "nf4_core.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -89,15 +92,16 @@ struct Avx512Blocks {
 
 inline bool cpu_has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
+                          __builtin_cpu_supports("avx512vl") && !environment_turns_off("NF4_OPS_AVX512");
   return has;
 }
 #endif  // NF4_CPU_AVX512
 
-// Whether the CPU has native bf16 dot products (AVX512-BF16), which torch's bf16 CPU matmul uses (gemv_cpu.cpp).
+// Whether the CPU has native bf16 dot products (AVX512-BF16), which torch's bf16 CPU matmul uses (gemv_cpu.cpp); false
+// where NF4_OPS_AVX512=0 turns AVX-512 off, as on a CPU without it.
 inline bool cpu_has_avx512_bf16() {
 #ifdef NF4_CPU_AVX512
-  static const bool has = __builtin_cpu_supports("avx512bf16");
+  static const bool has = cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
   return has;
 #else
   return false;

@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
+
+#include "environment.h"
 
 namespace nf4 {
 
@@ -74,12 +74,6 @@ inline int64_t ctas_fitting_beside(const cudaDeviceProp& device, const CtaFootpr
   const int64_t fitting = std::min({registers / (guest.warps * warp_registers(guest.registers)),
                                     threads / (guest.warps * 32), shared / (guest.shared_bytes + reserved), slots});
   return std::max<int64_t>(fitting, 0);
-}
-
-// Whether the environment sets `name` to exactly "0" (the switches that turn a path off, for comparisons and tests).
-inline bool environment_turns_off(const char* name) {
-  const char* setting = std::getenv(name);
-  return setting != nullptr && std::strcmp(setting, "0") == 0;
 }
 
 // Whether `kernel`'s code on this device was compiled for sm_90+ (PTX version 9.0+): code JIT-compiled on an H100

@@ -191,6 +191,36 @@ def test_edge_scales_bit_exact_cpu(quant_type, blocksize, dtype):
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
+def test_nested_blocksize_other_than_256(device):
+    """bitsandbytes always makes nested absmax in blocks of 256, but state2.blocksize says so and the op takes
+    nested_blocksize: blocks of 32 give the reference's bits, from the op and from the wrapper (which reads
+    state2.blocksize). With 256 everywhere else in the tests, a kernel or wrapper that ignored it would pass them."""
+    q = bnb_quantize((130, 96), "nf4", 32, True, device=device)  # 390 absmax codes: 13 nested blocks of 32
+    state = copy.copy(q.quant_state)
+    state.state2 = copy.copy(state.state2)
+    state.state2.blocksize = 32
+    scales = torch.rand(-(-state.absmax.numel() // 32), generator=torch.Generator().manual_seed(3)) + 0.5
+    state.state2.absmax = scales.to(device)
+    args = nf4_ops.quant_state_args(state)
+    assert args["nested_blocksize"] == 32
+    expected = dequantize_reference(q.packed.cpu(), dtype=torch.float32, **{
+        key: value.cpu() if isinstance(value, torch.Tensor) else value for key, value in args.items()})
+    assert_bits_equal(torch.ops.nf4.dequantize(q.packed, dtype=torch.float32, **args).cpu(), expected)
+    assert_bits_equal(nf4_ops.dequantize(q.packed, state, dtype=torch.float32).cpu(), expected)
+
+
+def test_fp16_nan_with_payload_cpu():
+    """A NaN scale whose payload sits in fp32's top mantissa bits gives c10's fp16 NaN, 0x7E00 with the sign, on
+    both CPU paths (csrc/cpu_vector.h; scripts/test.sh runs this without AVX-512 too): the hardware conversion alone
+    would keep the payload's top bits (0x7E09 here). test_edge_scales_bit_exact_cpu leaves NaN's bits out."""
+    nans = [float_of_bits(0x7FC12345), float_of_bits(0xFFC12345)]
+    packed = torch.randint(0, 256, (64,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    out = torch.ops.nf4.dequantize(packed, torch.tensor(nans), 64, "nf4", [1, 128], torch.float16).view(torch.int16)
+    c10_nans = torch.tensor([0x7E00] * 64 + [0xFE00 - 0x10000] * 64, dtype=torch.int16)  # block 0's, block 1's
+    assert torch.equal(out.flatten(), c10_nans)
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
 def test_bnb_fp16_ties(device):
     """Why bnb_dequantize_4bit (conftest.py) takes bitsandbytes' pure-PyTorch implementation as the CPU oracle for
     fp16 where bitsandbytes loaded its CUDA-build library: 0.50.2's CPU dequantize_4bit rounds an fp16 tie to even

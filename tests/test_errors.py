@@ -63,6 +63,13 @@ WEIGHT_CASES = [
      r"packed must hold ceil\(N\*K/2\) = 576460752303423488 bytes"),
     ("packed_too_small", False, lambda a: dict(packed=a["packed"][:100]),
      r"packed must hold ceil\(N\*K/2\) = 384 bytes for shape \[8, 96\].*got 100 bytes"),
+    # one storage element of padding is bitsandbytes' (test_dequantize's storages); a whole element more is not
+    ("packed_one_byte_too_long", False, lambda a: dict(packed=torch.zeros(N * K // 2 + 1, dtype=torch.uint8,
+                                                                          device=a["packed"].device)),
+     r"packed must hold ceil\(N\*K/2\) = 384 bytes .*\(plus at most one Byte element of padding\), got 385 bytes"),
+    ("packed_one_float_too_long", False, lambda a: dict(packed=torch.zeros(N * K // 8 + 1, dtype=torch.float32,
+                                                                           device=a["packed"].device)),
+     r"packed must hold ceil\(N\*K/2\) = 384 bytes .*, got 388 bytes \(97 x Float\)"),
     ("packed_for_other_shape", False, dict(shape=[N, K // 2]),
      r"packed must hold ceil\(N\*K/2\) = 192 bytes .*got 384 bytes"),
     ("packed_non_contiguous", False, lambda a: dict(packed=strided(a["packed"].view(1, -1))),
@@ -79,6 +86,10 @@ WEIGHT_CASES = [
      r"absmax must be Byte \(codes\) when nested_\* are given, got Float"),
     ("nested_absmax_short", True, lambda a: dict(nested_absmax=a["nested_absmax"][:0]),
      r"nested_absmax must have ceil\(absmax.numel\(\)/nested_blocksize\) = 1 elements, got 0"),
+    ("nested_absmax_dtype", True, lambda a: dict(nested_absmax=a["nested_absmax"].double()),
+     r"nested_absmax must be Float, got Double"),
+    ("nested_code_non_contiguous", True, lambda a: dict(nested_code=strided(a["nested_code"])),
+     r"nested_code must be contiguous"),
     ("nested_code_short", True, lambda a: dict(nested_code=a["nested_code"][:255]),
      r"nested_code must have 2\^8 \(one entry per uint8 code\) = 256 elements, got 255"),
     ("nested_code_dtype", True, lambda a: dict(nested_code=a["nested_code"].double()),
@@ -169,6 +180,10 @@ def test_gemv_x_past_the_size_bound():
     with pytest.raises(RuntimeError, match=r"nf4::gemv: x must have at most 2\^60 elements, got x of shape "
                                            r"\[72057594037927936, 96\]"):
         torch.ops.nf4.gemv(x, **args)
+    # 2^60 elements exactly: at the bound, so allowed (meta tensors: the shape is all that is checked)
+    meta_args = dict(packed=torch.empty(8 * 64 // 2, dtype=torch.uint8, device="meta"),
+                     absmax=torch.empty(8, device="meta"), blocksize=64, quant_type="nf4", shape=[8, 64])
+    assert torch.ops.nf4.gemv(torch.empty(2**54, 64, device="meta"), **meta_args).shape == (2**54, 8)
 
 
 OUT_CASES = [
