@@ -10,8 +10,8 @@
 # SANITIZERS: the compute-sanitizer steps to run (default all three: "memcheck racecheck memcheck_tc"); a second
 # GPU of the same kernels may take fewer to fit a time limit, and the summary then lists only the steps that ran.
 # SKIP_STEPS: step names not to run (e.g. "pytest" in a second call on the same warm machine, when one call's time
-# limit cannot hold every step); the summary lists them as skipped. Steps: build sass pytest pytest_random pytest_tc
-# memcheck racecheck memcheck_tc bench variants (and decode decode_compiled with DECODE=1).
+# limit cannot hold every step); the summary lists them as skipped. Steps: build sass pytest pytest_random
+# pytest_cpu_scalar pytest_tc memcheck racecheck memcheck_tc bench variants (and decode decode_compiled with DECODE=1).
 # Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
 # (see README, "GPU suite").
 set -uo pipefail
@@ -55,6 +55,8 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
   # fit one 10-minute call and the random calls go with the second one's steps (README, "GPU suite")
   step pytest "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_random_calls.py
   step pytest_random "$PY" -m pytest tests/test_random_calls.py -q -p no:cacheprovider
+  # the tests' CPU cases again on the path of a CPU without AVX-512, as scripts/test.sh runs them
+  step pytest_cpu_scalar env NF4_OPS_AVX512=0 "$PY" -m pytest tests -q -p no:cacheprovider -k cpu
   # the tensor-core kernel's instances that the warpgroup kernel replaces on sm_90 (tests/test_gemv.py)
   step pytest_tc env NF4_OPS_WGMMA=0 "$PY" -m pytest tests/test_gemv.py -q -p no:cacheprovider \
     -k "tensor_core or wide or determin or back_to_back or one_row_kernel or many_rows"
