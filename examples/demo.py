@@ -57,11 +57,19 @@ def median_us(fn, inputs: list, device: str) -> float:
     return statistics.median(times)
 
 
+MAX_COPIES = 64  # a small layer's copies stay within L2 however many there are; the table's heading says so
+
+
+def l2_bytes(device: str) -> int:
+    return torch.cuda.get_device_properties(device).L2_cache_size if device == "cuda" else 0
+
+
 def weight_copies(device: str, weight_bytes: int) -> int:
-    """How many copies of the weight the timed calls cycle through: on a GPU enough for twice its L2 cache."""
+    """How many copies of the weight the timed calls cycle through: on a GPU enough for twice its L2 cache (at most
+    MAX_COPIES)."""
     if device == "cpu":
         return 1
-    return max(2, math.ceil(2 * torch.cuda.get_device_properties(device).L2_cache_size / weight_bytes))
+    return max(2, min(MAX_COPIES, math.ceil(2 * l2_bytes(device) / weight_bytes)))
 
 
 def main():
@@ -103,7 +111,10 @@ def main():
         (f"matmul, {args.rows} row(s)", quantized, lambda p, s: nf4_ops.gemv(x, p, s),
          lambda p, s: bnb.matmul_4bit(x, p.t(), quant_state=s)),
     ]  # fmt: skip
-    how = (f"each call in a CUDA graph cycling through {copies} copies of the weight, past the L2 cache"
+    copies_bytes = copies * packed.numel() * packed.element_size()
+    where = "past" if copies_bytes > l2_bytes(device) else "within"
+    how = (f"each call in a CUDA graph cycling through {copies} copies of the packed weight, "
+           f"{copies_bytes / 2**20:.1f} MiB, {where} the {l2_bytes(device) / 2**20:.0f} MiB L2 cache"
            if device == "cuda" else "each call timed alone")
     print(f"\nmedian µs per call ({how}):\n")
     print("| op | nf4-ops µs | bitsandbytes µs | speedup |\n|---|---|---|---|")

@@ -31,3 +31,5 @@ def test_demo_runs(device):
     assert [name for name, *_ in timed] == ["dequantize", "matmul, 3 row(s)"], out
     assert all(float(v) > 0 for _, *values in timed for v in values), out
     assert "unquantized bf16 weight" in out, out
+    if device == "cuda":  # the heading says whether the copies went past L2: a layer this small stays within it
+        assert re.search(r"copies of the packed weight, [0-9.]+ MiB, within the [0-9]+ MiB L2 cache", out), out
