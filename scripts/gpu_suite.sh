@@ -51,8 +51,8 @@ ARCH=$("$PY" -c "import torch; print('.'.join(map(str, torch.cuda.get_device_cap
 if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.py build_ext --inplace; then
   cuobjdump --dump-resource-usage nf4_ops/_C*.so >"$OUT/resources.log" 2>&1  # registers, stack, spills
   step sass "$PY" benchmarks/sass_report.py  # the gemv kernels' SASS by opcode; last line: NOTES gemv rows 71-74
-  # the seeded random calls in a step of their own (~1.5 min on an H100), so that the build and the main pytest step
-  # fit one 10-minute call and the random calls go with the second one's steps (README, "GPU suite")
+  # the seeded random calls in a step of their own (~20 s on an H100 or an H200), so that the build and the main
+  # pytest step fit one 10-minute call and the random calls go with the second one's steps (README, "GPU suite")
   step pytest "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_random_calls.py
   step pytest_random "$PY" -m pytest tests/test_random_calls.py -q -p no:cacheprovider
   # the tests' CPU cases again on the path of a CPU without AVX-512, as scripts/test.sh runs them
