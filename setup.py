@@ -26,16 +26,20 @@ LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = ["-O3", "-lineinfo", "-Xcompiler", "-ffp-contract=off"] + os.environ.get("NF4_OPS_NVCC_FLAGS", "").split()
 
 
-def wheel_cuda_include_dirs() -> list[str]:
-    """Headers of the CUDA libraries torch's CUDA wheels depend on (cusparse.h, cublas_v2.h, ...).
+def wheel_cuda_include_flags() -> list[str]:
+    """Headers of the CUDA libraries torch's CUDA wheels depend on (cusparse.h, cublas_v2.h, ...), as -isystem flags.
 
-    ATen's CUDA headers include them, and an nvcc installed on its own may not ship them.
+    ATen's CUDA headers include them, and an nvcc installed on its own may not ship them. They go after the
+    toolkit's own headers (-isystem is searched after every -I, CUDA_HOME/include among them): torch 2.15's wheels
+    carry CUDA 13.2's runtime headers, which put before a CUDA 13.0 nvcc's stop its CCCL headers with "CUDA
+    compiler and CUDA toolkit headers are incompatible".
     """
     try:
         import nvidia  # namespace package of the nvidia-* wheels
     except ImportError:
         return []
-    return sorted(str(d) for base in nvidia.__path__ for d in Path(base).glob("cu*/include") if d.is_dir())
+    dirs = sorted(str(d) for base in nvidia.__path__ for d in Path(base).glob("cu*/include") if d.is_dir())
+    return [flag for d in dirs for flag in ("-isystem", d)]  # nvcc takes "-isystem DIR", not "-isystemDIR"
 
 
 def want_cuda() -> bool:
@@ -55,11 +59,11 @@ def extension():
     if want_cuda():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
         wgmma = wgmma_flags(os.environ["TORCH_CUDA_ARCH_LIST"])
+        wheel_headers = wheel_cuda_include_flags()
         return CUDAExtension(
             "nf4_ops._C",
             sources=[str(CSRC / s) for s in CPU_SOURCES + CUDA_SOURCES],
-            include_dirs=wheel_cuda_include_dirs(),
-            extra_compile_args={"cxx": CXX_FLAGS + wgmma, "nvcc": NVCC_FLAGS + wgmma},
+            extra_compile_args={"cxx": CXX_FLAGS + wgmma + wheel_headers, "nvcc": NVCC_FLAGS + wgmma + wheel_headers},
             extra_link_args=LINK_FLAGS,
         )
     return CppExtension(
