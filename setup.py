@@ -1,4 +1,5 @@
-"""Builds nf4_ops._C: a CUDA extension when nvcc and a CUDA build of torch are present, else CPU-only.
+"""Builds nf4_ops._C: a CUDA extension when torch is a CUDA build and CUDA_HOME has an nvcc of its major CUDA
+version, else CPU-only (saying why).
 
 TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: sm_80, sm_86, sm_89, sm_90a). sm_90a (H100, H200) has
 the warpgroup gemv kernel (wgmma, csrc/gemv.cu); a build whose only sm_90 target is sm_90a turns it on
@@ -6,6 +7,9 @@ the warpgroup gemv kernel (wgmma, csrc/gemv.cu); a build whose only sm_90 target
 NF4_OPS_CPU_ONLY=1 forces a CPU-only build.
 """
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -26,26 +30,51 @@ LINK_FLAGS = ["-fopenmp"]
 NVCC_FLAGS = ["-O3", "-lineinfo", "-Xcompiler", "-ffp-contract=off"] + os.environ.get("NF4_OPS_NVCC_FLAGS", "").split()
 
 
-def wheel_cuda_include_flags() -> list[str]:
-    """Headers of the CUDA libraries torch's CUDA wheels depend on (cusparse.h, cublas_v2.h, ...), as -isystem flags.
+def wheel_cuda_include_flags() -> dict[str, list[str]]:
+    """Headers of the CUDA libraries torch's CUDA wheels depend on (cusparse.h, cublas_v2.h, ...), per compiler.
 
-    ATen's CUDA headers include them, and an nvcc installed on its own may not ship them. They go after the
-    toolkit's own headers (-isystem is searched after every -I, CUDA_HOME/include among them): torch 2.15's wheels
-    carry CUDA 13.2's runtime headers, which put before a CUDA 13.0 nvcc's stop its CCCL headers with "CUDA
-    compiler and CUDA toolkit headers are incompatible".
+    ATen's CUDA headers include them, and an nvcc installed on its own may not ship them. They are searched last
+    (-idirafter: after every -I and -isystem, nvcc's own CCCL directory among them), so a header the toolkit has is
+    always the toolkit's: torch 2.15's wheels carry CUDA 13.2's headers, which put before a CUDA 13.0 nvcc's (as
+    -I, until e94b152) stopped its CCCL headers with "CUDA compiler and CUDA toolkit headers are incompatible".
+    nvcc hands -Xcompiler options to the host compiler's preprocessing of the device passes too.
     """
     try:
         import nvidia  # namespace package of the nvidia-* wheels
     except ImportError:
-        return []
+        return {"cxx": [], "nvcc": []}
     dirs = sorted(str(d) for base in nvidia.__path__ for d in Path(base).glob("cu*/include") if d.is_dir())
-    return [flag for d in dirs for flag in ("-isystem", d)]  # nvcc takes "-isystem DIR", not "-isystemDIR"
+    return {
+        "cxx": [flag for d in dirs for flag in ("-idirafter", d)],
+        "nvcc": [flag for d in dirs for flag in ("-Xcompiler", f"-idirafter,{d}")],
+    }
+
+
+def nvcc_version(cuda_home: str) -> str | None:
+    """The CUDA release of CUDA_HOME's nvcc ("13.0"), or None where there is no nvcc (a runtime-only CUDA install)."""
+    nvcc = Path(cuda_home) / "bin" / "nvcc"
+    if not nvcc.is_file():
+        return None
+    found = re.search(r"release (\d+\.\d+)", subprocess.run([str(nvcc), "--version"], capture_output=True,
+                                                            text=True).stdout)  # fmt: skip
+    return found.group(1) if found else None
 
 
 def want_cuda() -> bool:
+    """The CUDA kernels are built where torch is a CUDA build and CUDA_HOME has an nvcc of torch's major CUDA version
+    (torch's build refuses another); else the build is CPU-only and says why."""
     if os.environ.get("NF4_OPS_CPU_ONLY") == "1":
         return False
-    return torch.version.cuda is not None and CUDA_HOME is not None
+    if torch.version.cuda is None or CUDA_HOME is None:
+        return False
+    nvcc = nvcc_version(CUDA_HOME)
+    if nvcc is None or nvcc.split(".")[0] != torch.version.cuda.split(".")[0]:
+        found = f"nvcc {nvcc}" if nvcc else "no nvcc"
+        major = torch.version.cuda.split(".")[0]
+        print(f"nf4_ops: CPU-only build: the CUDA kernels of torch {torch.__version__} need an nvcc of CUDA {major}.x, "
+              f"and CUDA_HOME={CUDA_HOME} has {found}", file=sys.stderr)  # fmt: skip
+        return False
+    return True
 
 
 def wgmma_flags(arch_list: str) -> list[str]:
@@ -63,7 +92,10 @@ def extension():
         return CUDAExtension(
             "nf4_ops._C",
             sources=[str(CSRC / s) for s in CPU_SOURCES + CUDA_SOURCES],
-            extra_compile_args={"cxx": CXX_FLAGS + wgmma + wheel_headers, "nvcc": NVCC_FLAGS + wgmma + wheel_headers},
+            extra_compile_args={
+                "cxx": CXX_FLAGS + wgmma + wheel_headers["cxx"],
+                "nvcc": NVCC_FLAGS + wgmma + wheel_headers["nvcc"],
+            },
             extra_link_args=LINK_FLAGS,
         )
     return CppExtension(
