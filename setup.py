@@ -65,14 +65,17 @@ def want_cuda() -> bool:
     (torch's build refuses another); else the build is CPU-only and says why."""
     if os.environ.get("NF4_OPS_CPU_ONLY") == "1":
         return False
-    if torch.version.cuda is None or CUDA_HOME is None:
-        return False
-    nvcc = nvcc_version(CUDA_HOME)
-    if nvcc is None or nvcc.split(".")[0] != torch.version.cuda.split(".")[0]:
-        found = f"nvcc {nvcc}" if nvcc else "no nvcc"
-        major = torch.version.cuda.split(".")[0]
+    if torch.version.cuda is None:
+        return False  # a CPU build of torch
+    major = torch.version.cuda.split(".")[0]
+    nvcc = nvcc_version(CUDA_HOME) if CUDA_HOME else None
+    if nvcc is None or nvcc.split(".")[0] != major:
+        if CUDA_HOME is None:
+            found = "torch found no CUDA_HOME (no nvcc on PATH or under /usr/local/cuda)"
+        else:
+            found = f"CUDA_HOME={CUDA_HOME} has " + (f"nvcc {nvcc}" if nvcc else "no bin/nvcc")
         print(f"nf4_ops: CPU-only build: the CUDA kernels of torch {torch.__version__} need an nvcc of CUDA {major}.x, "
-              f"and CUDA_HOME={CUDA_HOME} has {found}", file=sys.stderr)  # fmt: skip
+              f"and {found}", file=sys.stderr)  # fmt: skip
         return False
     return True
 
