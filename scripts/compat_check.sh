@@ -8,6 +8,9 @@
 # and the scalar CPU run, as scripts/test.sh runs them.
 # A pip constraint that caps torch (this workplace's /etc/xdg/pip) refuses newer releases: run with
 # PIP_CONFIG_FILE=/dev/null there.
+# Each venv takes about 6 GB (torch's CUDA build), so the work folder is removed at the end, pass or fail;
+# COMPAT_KEEP=1 keeps it (a rerun then reuses the venv). Left behind, a few of them once filled the disk that CI
+# shares with the developer.
 set -euo pipefail
 torch_version="${1:?usage: compat_check.sh TORCH_VERSION [TRANSFORMERS_VERSION]}"
 transformers_version="${2:-}"
@@ -16,6 +19,15 @@ python="${PYTHON:-python3}"
 python_version="$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 work="${COMPAT_DIR:-/tmp/nf4-ops-compat}/py$python_version-torch-$torch_version${transformers_version:+-transformers-$transformers_version}"
 mkdir -p "$work"
+remove_work_folder() {
+  if [ "${COMPAT_KEEP:-0}" = 1 ]; then
+    echo "== kept $work ($(du -sh "$work" | cut -f1))"
+  else
+    rm -rf "$work"
+    echo "== removed $work (COMPAT_KEEP=1 keeps it)"
+  fi
+}
+trap remove_work_folder EXIT
 
 pins=("torch==$torch_version")
 [ -n "$transformers_version" ] && pins+=("transformers==$transformers_version")
@@ -37,7 +49,7 @@ if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 echo "== building $(git rev-parse --short HEAD) with Python $python_version"
 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$work/venv/bin/python" setup.py build_ext --inplace >"$work/build.log" 2>&1 \
-  || { tail -n 40 "$work/build.log"; echo "== build failed: $work/build.log"; exit 1; }
+  || { tail -n 40 "$work/build.log"; echo "== build failed (the log's last 40 lines above)"; exit 1; }
 grep "^nf4_ops: CPU-only build" "$work/build.log" || true
 has_cuda_kernels="$("$work/venv/bin/python" -c "import torch, nf4_ops; \
 print(torch._C._dispatch_has_kernel_for_dispatch_key('nf4::gemv', 'CUDA'))")"

@@ -22,8 +22,13 @@ if [ ! -x .venv/bin/python ]; then
   "${PYTHON:-python3}" -m venv .venv
 fi
 echo "== installing Python packages (requirements-dev.txt)"
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -r requirements-dev.txt
+# torch's CUDA build and its nvidia-* wheels take about 6 GB in .venv, plus their wheels while pip unpacks them;
+# a full disk shows only as pip's OSError, so on a failure say how much room there was.
+if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -r requirements-dev.txt; }; then
+  echo "== pip install failed; .venv needs about 6 GB (more while pip unpacks). Free space where it writes:" >&2
+  df -h .venv "${TMPDIR:-/tmp}" >&2
+  exit 1
+fi
 
 # A bare `nvcc` on PATH may be a wrapper script, from which torch guesses the wrong CUDA_HOME.
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
