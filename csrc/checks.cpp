@@ -270,19 +270,35 @@ WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const 
   return spec;
 }
 
-BlockScales block_scales(const WeightSpec& spec, const at::Tensor& absmax, const OptTensor& nested_absmax,
-                         const OptTensor& nested_code, const OptTensor& nested_offset) {
-  BlockScales scales;
+void check_storage_holds(const char* op, const char* name, const at::Tensor& t) {
+  if (t.numel() == 0) return;
+  int64_t last_element = t.storage_offset();  // strides are never negative in torch
+  for (int64_t d = 0; d < t.dim(); ++d) last_element += (t.size(d) - 1) * t.stride(d);
+  const int64_t needed = (last_element + 1) * static_cast<int64_t>(t.itemsize());
+  const int64_t held = t.has_storage() && t.storage().data() != nullptr ? static_cast<int64_t>(t.storage().nbytes()) : 0;
+  TORCH_CHECK(held >= needed, op, ": ", name, "'s storage must hold the ", text(needed),
+              " bytes its sizes, strides and offset reach, got ", text(held),
+              " (was it freed or shrunk after the tensor was made, as FSDP does to a resharded parameter?)");
+}
+
+WeightData weight_data(const char* op, const WeightSpec& spec, const at::Tensor& packed, const at::Tensor& absmax,
+                       const OptTensor& nested_absmax, const OptTensor& nested_code, const OptTensor& nested_offset) {
+  check_storage_holds(op, "packed", packed);
+  check_storage_holds(op, "absmax", absmax);
+  WeightData data{static_cast<const uint8_t*>(packed.const_data_ptr()), BlockScales{}};
   if (!spec.nested) {
-    scales.absmax = absmax.const_data_ptr<float>();
-    return scales;
+    data.scales.absmax = absmax.const_data_ptr<float>();
+    return data;
   }
-  scales.codes = absmax.const_data_ptr<uint8_t>();
-  scales.absmax2 = nested_absmax->const_data_ptr<float>();
-  scales.code2 = nested_code->const_data_ptr<float>();
-  scales.offset = nested_offset->const_data_ptr<float>();
-  scales.nested_blocksize_log2 = spec.nested_blocksize_log2;
-  return scales;
+  check_storage_holds(op, "nested_absmax", *nested_absmax);
+  check_storage_holds(op, "nested_code", *nested_code);
+  check_storage_holds(op, "nested_offset", *nested_offset);
+  data.scales.codes = absmax.const_data_ptr<uint8_t>();
+  data.scales.absmax2 = nested_absmax->const_data_ptr<float>();
+  data.scales.code2 = nested_code->const_data_ptr<float>();
+  data.scales.offset = nested_offset->const_data_ptr<float>();
+  data.scales.nested_blocksize_log2 = spec.nested_blocksize_log2;
+  return data;
 }
 
 c10::SymDimVector gemv_output_shape(const at::Tensor& x, const c10::SymInt& rows) {

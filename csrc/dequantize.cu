@@ -125,10 +125,9 @@ int64_t resident_ctas() {
   });
 }
 
-void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const BlockScales& scales,
-                       at::Tensor& out) {
+void launch_dequantize(const WeightSpec& spec, const WeightData& weight, at::Tensor& out) {
   const int64_t numel = spec.rows.expect_int() * spec.cols.expect_int();
-  const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
+  const uint8_t* bytes = weight.bytes;
   NF4_DISPATCH_FLOAT_TYPES(out.scalar_type(), "nf4::dequantize", [&] {
     using T = typename CudaScalar<scalar_t>::type;
     using U = Unit<T>;
@@ -141,7 +140,7 @@ void launch_dequantize(const WeightSpec& spec, const at::Tensor& packed, const B
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::dequantize: shape ", spec.rows, " x ", spec.cols,
                 " needs ", blocks, " CUDA blocks, more than a launch allows");
     launch_kernel(dequantize_kernel<T>, dim3(static_cast<unsigned>(blocks)), kThreads, 0,
-                  at::cuda::getCurrentCUDAStream(), 1, bytes, scales, spec.quant_type, spec.blocksize_log2, numel,
+                  at::cuda::getCurrentCUDAStream(), 1, bytes, weight.scales, spec.quant_type, spec.blocksize_log2, numel,
                   items, blocks > resident_ctas<T>(), out_data);
   });
 }
@@ -152,8 +151,10 @@ at::Tensor dequantize_cuda(NF4_DEQUANTIZE_PARAMS) {
   const WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
                                                 nested_code, nested_offset, nested_blocksize);
   const c10::cuda::CUDAGuard device_guard(packed.device());
+  const WeightData weight = weight_data("nf4::dequantize", spec, packed, absmax, nested_absmax, nested_code,
+                                        nested_offset);
   at::Tensor out = at::empty({spec.rows.expect_int(), spec.cols.expect_int()}, packed.options().dtype(dtype));
-  launch_dequantize(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
+  launch_dequantize(spec, weight, out);
   return out;
 }
 
@@ -161,7 +162,10 @@ void dequantize_out_cuda(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
   const WeightSpec spec = check_dequantize_out_args(packed, absmax, blocksize, quant_type, shape, dtype,
                                                     nested_absmax, nested_code, nested_offset, nested_blocksize, out);
   const c10::cuda::CUDAGuard device_guard(packed.device());
-  launch_dequantize(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
+  const WeightData weight = weight_data("nf4::dequantize.out", spec, packed, absmax, nested_absmax, nested_code,
+                                        nested_offset);
+  check_storage_holds("nf4::dequantize.out", "out", out);
+  launch_dequantize(spec, weight, out);
 }
 
 TORCH_LIBRARY_IMPL(nf4, CUDA, m) {

@@ -29,10 +29,9 @@ NF4_AVX512_TARGET void dequantize_rows_avx512(const uint8_t* bytes, const BlockS
 }
 #endif
 
-void dequantize_into(const WeightSpec& spec, const at::Tensor& packed, const BlockScales& scales, at::Tensor& out) {
+void dequantize_into(const WeightSpec& spec, const WeightData& weight, at::Tensor& out) {
   const int64_t rows = spec.rows.expect_int();
   const int64_t cols = spec.cols.expect_int();
-  const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
   const CodeTable table = code_table(spec.quant_type);
   const int64_t grain_rows = std::max<int64_t>(1, at::internal::GRAIN_SIZE / cols);
 
@@ -43,7 +42,7 @@ void dequantize_into(const WeightSpec& spec, const at::Tensor& packed, const Blo
     if (cpu_has_avx512()) rows_kernel = dequantize_rows_avx512<scalar_t>;
 #endif
     at::parallel_for(0, rows, grain_rows, [&](int64_t row_begin, int64_t row_end) {
-      rows_kernel(bytes, scales, table, spec.blocksize_log2, row_begin * cols, row_end * cols,
+      rows_kernel(weight.bytes, weight.scales, table, spec.blocksize_log2, row_begin * cols, row_end * cols,
                   out_data + row_begin * cols);
     });
   });
@@ -54,15 +53,20 @@ void dequantize_into(const WeightSpec& spec, const at::Tensor& packed, const Blo
 at::Tensor dequantize_cpu(NF4_DEQUANTIZE_PARAMS) {
   const WeightSpec spec = check_dequantize_args(packed, absmax, blocksize, quant_type, shape, dtype, nested_absmax,
                                                 nested_code, nested_offset, nested_blocksize);
+  const WeightData weight = weight_data("nf4::dequantize", spec, packed, absmax, nested_absmax, nested_code,
+                                        nested_offset);
   at::Tensor out = at::empty({spec.rows.expect_int(), spec.cols.expect_int()}, packed.options().dtype(dtype));
-  dequantize_into(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
+  dequantize_into(spec, weight, out);
   return out;
 }
 
 void dequantize_out_cpu(NF4_DEQUANTIZE_PARAMS, at::Tensor& out) {
   const WeightSpec spec = check_dequantize_out_args(packed, absmax, blocksize, quant_type, shape, dtype,
                                                     nested_absmax, nested_code, nested_offset, nested_blocksize, out);
-  dequantize_into(spec, packed, block_scales(spec, absmax, nested_absmax, nested_code, nested_offset), out);
+  const WeightData weight = weight_data("nf4::dequantize.out", spec, packed, absmax, nested_absmax, nested_code,
+                                        nested_offset);
+  check_storage_holds("nf4::dequantize.out", "out", out);
+  dequantize_into(spec, weight, out);
 }
 
 TORCH_LIBRARY_IMPL(nf4, CPU, m) {

@@ -2241,14 +2241,17 @@ void launch_tc_gemv(const T* x, const uint8_t* packed, const BlockScales& scales
 at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   const WeightSpec spec = check_gemv_args(x, packed, absmax, blocksize, quant_type, shape, bias, nested_absmax,
                                           nested_code, nested_offset, nested_blocksize);
+  check_storage_holds("nf4::gemv", "x", x);
+  if (bias.has_value()) check_storage_holds("nf4::gemv", "bias", *bias);
   const c10::cuda::CUDAGuard device_guard(packed.device());
   const int64_t rows = spec.rows.expect_int();
   const int64_t cols = spec.cols.expect_int();
   const at::Tensor x_2d = x.reshape({-1, cols}).contiguous();
   const int64_t x_rows = x_2d.size(0);
   const c10::SymDimVector out_shape = gemv_output_shape(x, spec.rows);
-  const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
-  const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
+  const WeightData weight = weight_data("nf4::gemv", spec, packed, absmax, nested_absmax, nested_code, nested_offset);
+  const uint8_t* bytes = weight.bytes;
+  const BlockScales& scales = weight.scales;
   const bool tensor_cores = tensor_core_gemv_applies(x_2d, bytes, scales, spec, cols);
   // fp32 x: the one-row kernel (split operands) where it applies, else the CUDA-core kernel
   const bool one_row_fp32 = x.scalar_type() == at::kFloat && tensor_core_layout_fits(x_2d, bytes, scales, spec, cols) &&

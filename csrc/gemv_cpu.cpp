@@ -67,6 +67,8 @@ void fused_gemv_cpu(const WeightSpec& spec, const uint8_t* bytes, const BlockSca
 at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
   const WeightSpec spec = check_gemv_args(x, packed, absmax, blocksize, quant_type, shape, bias, nested_absmax,
                                           nested_code, nested_offset, nested_blocksize);
+  check_storage_holds("nf4::gemv", "x", x);
+  if (bias.has_value()) check_storage_holds("nf4::gemv", "bias", *bias);
   const int64_t rows = spec.rows.expect_int();
   const int64_t cols = spec.cols.expect_int();
   const at::Tensor x_2d = x.reshape({-1, cols});
@@ -91,10 +93,9 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
   if (x_rows == 0) return out.reshape_symint(out_shape);
   const at::Tensor x_f32 = x_2d.to(at::kFloat).contiguous();
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  const auto* bytes = static_cast<const uint8_t*>(packed.const_data_ptr());
-  const BlockScales scales = block_scales(spec, absmax, nested_absmax, nested_code, nested_offset);
+  const WeightData weight = weight_data("nf4::gemv", spec, packed, absmax, nested_absmax, nested_code, nested_offset);
   NF4_DISPATCH_FLOAT_TYPES(x.scalar_type(), "nf4::gemv", [&] {
-    fused_gemv_cpu<scalar_t>(spec, bytes, scales, x_f32, bias_f32.defined() ? bias_f32.const_data_ptr<float>() : nullptr,
+    fused_gemv_cpu<scalar_t>(spec, weight.bytes, weight.scales, x_f32, bias_f32.defined() ? bias_f32.const_data_ptr<float>() : nullptr,
                              out.mutable_data_ptr<scalar_t>());
   });
   return out.reshape_symint(out_shape);

@@ -50,9 +50,19 @@ WeightSpec check_gemv_args(const at::Tensor& x, const at::Tensor& packed, const 
                            const OptTensor& bias, const OptTensor& nested_absmax, const OptTensor& nested_code,
                            const OptTensor& nested_offset, int64_t nested_blocksize);
 
-// Raw pointers to the (validated) absmax data, for the kernels.
-BlockScales block_scales(const WeightSpec& spec, const at::Tensor& absmax, const OptTensor& nested_absmax,
-                         const OptTensor& nested_code, const OptTensor& nested_offset);
+// For the CPU and CUDA kernels only (a Meta or fake tensor has no data): every byte that t's sizes, strides and
+// offset reach lies in its storage. The kernels read and write through raw pointers, and a storage freed or shrunk
+// after its tensor was made (FSDP frees a resharded parameter's with untyped_storage().resize_(0)) would otherwise be
+// read or written out of bounds: torch's typed pointers catch only a freed storage, its untyped ones neither.
+void check_storage_holds(const char* op, const char* name, const at::Tensor& t);
+
+// Raw pointers to the (validated) weight data, for the kernels, after check_storage_holds on each tensor.
+struct WeightData {
+  const uint8_t* bytes;  // packed, whatever its storage dtype
+  BlockScales scales;
+};
+WeightData weight_data(const char* op, const WeightSpec& spec, const at::Tensor& packed, const at::Tensor& absmax,
+                       const OptTensor& nested_absmax, const OptTensor& nested_code, const OptTensor& nested_offset);
 
 // The output shape of gemv: x's leading dims followed by N.
 c10::SymDimVector gemv_output_shape(const at::Tensor& x, const c10::SymInt& rows);

@@ -305,6 +305,40 @@ def test_op_backward_is_an_error_not_a_missing_gradient(device):
         assert not torch.ops.nf4.gemv(x, **args).requires_grad
 
 
+STORAGE_CASES = [(name, how) for name in ["packed", "absmax", "nested_absmax", "nested_code", "nested_offset", "x",
+                                           "bias", "x_many_rows", "out"] for how in ["freed", "shrunk"]]
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("name, how", STORAGE_CASES, ids=[f"{n}-{h}" for n, h in STORAGE_CASES])
+def test_storage_freed_or_shrunk_after_the_tensor_was_made(name, how, device):
+    """A tensor whose storage was freed (FSDP's resharding: untyped_storage().resize_(0)) or shrunk keeps its sizes,
+    so it passes the validator; the CPU and CUDA kernels then refuse it by name rather than read or write past the
+    storage (a freed packed segfaulted: its bytes are read through an untyped pointer, which torch does not check)."""
+    args = valid_args(device, nested=name.startswith("nested"))
+    x = torch.zeros(17 if name == "x_many_rows" else X_ROWS, K, dtype=torch.bfloat16, device=device)
+    bias = torch.zeros(N, dtype=torch.bfloat16, device=device)
+    out = torch.empty(N, K, dtype=torch.bfloat16, device=device)
+    tensors = {**args, "x": x, "x_many_rows": x, "bias": bias, "out": out}
+    storage = tensors[name].untyped_storage()
+    needed = storage.nbytes()
+    storage.resize_(0 if how == "freed" else needed - 1)
+    message = rf"{{op}}: {name.removesuffix('_many_rows')}'s storage must hold the {needed} bytes its sizes, strides " \
+              rf"and offset reach, got {storage.nbytes()} \(was it freed or shrunk"
+    calls = {
+        "nf4::dequantize": lambda: torch.ops.nf4.dequantize(dtype=torch.bfloat16, **args),
+        "nf4::dequantize.out": lambda: torch.ops.nf4.dequantize.out(dtype=torch.bfloat16, out=out, **args),
+        "nf4::gemv": lambda: torch.ops.nf4.gemv(x, bias=bias, **args),
+    }
+    if name in ("x", "x_many_rows", "bias"):
+        calls = {"nf4::gemv": calls["nf4::gemv"]}
+    elif name == "out":
+        calls = {"nf4::dequantize.out": calls["nf4::dequantize.out"]}
+    for op_name, call in calls.items():
+        with pytest.raises(RuntimeError, match=message.format(op=re.escape(op_name))):
+            call()
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA GPU")
 def test_dequantize_out_on_another_device():
     out = torch.empty(N, K, dtype=torch.bfloat16)
