@@ -10,8 +10,17 @@ if TYPE_CHECKING:  # bitsandbytes is only needed to build a QuantState, not to c
     from bitsandbytes.functional import QuantState
 
 
+# bitsandbytes' forward repacks a CPU weight in place, into a layout of its own, when it runs in eval mode without
+# grad on a CPU with AVX512-BF16; the ops read only the standard layout (bnb-format.md), and patch() names it too.
+REPACKED_FOR_CPU = "weight repacked in bitsandbytes' CPU-only layout (quant_state.packing_format_for_cpu)"
+
+
 def quant_state_args(quant_state: "QuantState") -> dict[str, Any]:
     """The op arguments a bitsandbytes QuantState stands for (everything but `packed`, `x` and `bias`)."""
+    if getattr(quant_state, "packing_format_for_cpu", False):
+        raise ValueError(f"quant_state is of a {REPACKED_FOR_CPU}, which the nf4 ops do not read: call them (or "
+                         f"nf4_ops.patch the model) before bitsandbytes' own forward runs on the CPU in eval mode "
+                         f"without grad, which repacks the weight")
     tensor = torch.Tensor
     try:  # a patched layer calls this per forward: a bad field is diagnosed after it fails, not looked for each time
         args: dict[str, Any] = {
@@ -54,6 +63,7 @@ _QUANT_STATE_FIELDS = (
     ("blocksize", _is_int, "an int"),
     ("quant_type", lambda v: isinstance(v, str), "a str"),
     ("shape", lambda v: isinstance(v, (tuple, list)) and all(_is_int(s) for s in v), "a sequence of ints"),
+    ("nested", lambda v: isinstance(v, bool), "a bool"),
 )
 _NESTED_FIELDS = (
     ("state2", lambda v: v is not None, "the QuantState of the nested absmax (quant_state.nested is True)"),
@@ -76,7 +86,7 @@ def _quant_state_error(quant_state: Any) -> TypeError:
                 return value
         return value
 
-    fields = _QUANT_STATE_FIELDS + (_NESTED_FIELDS if field("nested") not in (missing, None, False) else ())
+    fields = _QUANT_STATE_FIELDS + (_NESTED_FIELDS if field("nested") is True else ())
     for path, valid, expected in fields:
         value = field(path)
         if value is missing:
@@ -105,8 +115,9 @@ def dequantize(
     _check_tensor("packed", packed)
     _check_tensor("out", out, optional=True)
     args = quant_state_args(quant_state)
+    packed = _frozen(packed)
     if dtype is None:
-        dtype = quant_state.dtype if out is None else out.dtype
+        dtype = getattr(quant_state, "dtype", None) if out is None else out.dtype
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype was not given and quant_state.dtype is not a torch.dtype (got "
                             f"{type(dtype).__name__}); pass dtype")
@@ -133,14 +144,18 @@ def gemv(
     return linear(x, packed, quant_state_args(quant_state), bias)
 
 
+def _frozen(packed: torch.Tensor) -> torch.Tensor:
+    """packed is bytes, never differentiated; a float-storage weight (quant_storage=bf16) may still require grad, and
+    the ops' not-implemented autograd kernels would then fail the backward (and torch.compile) of an output that
+    bitsandbytes treats as a frozen weight or its product (dequantize.out refuses such an input outright). A detached
+    tensor keeps its base's version counter, which _Nf4Linear's backward checks."""
+    return packed.detach()
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Optional[torch.Tensor]) -> torch.Tensor:
     """gemv on op arguments already taken from a QuantState, with the autograd rule where x or bias need gradients
     (patch()'s forward calls it per layer and call)."""
-    # packed is bytes, never differentiated; a float-storage weight (quant_storage=bf16) may still require grad, and
-    # the op's not-implemented autograd kernel would then fail the backward (and torch.compile) of an output that
-    # bitsandbytes treats as the product of a frozen weight. (A detached tensor keeps its base's version counter, which
-    # the rule below checks.)
-    packed = packed.detach()
+    packed = _frozen(packed)
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
         return _Nf4Linear.apply(x, bias, packed, args)
     return torch.ops.nf4.gemv(x, packed, bias=bias, **args)

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from .ops import linear, quant_state_args
+from .ops import REPACKED_FOR_CPU, linear, quant_state_args
 
 # The module attribute that marks a patched layer and remembers how to undo the patch.
 _SAVED = "_nf4_ops_saved_forward"
@@ -53,7 +53,7 @@ def _unsupported_reason(module, kernel_devices: frozenset) -> Optional[str]:
     if state is None:
         return "no quant_state (the weight was never quantized)"
     if getattr(state, "packing_format_for_cpu", False):
-        return "weight repacked in bitsandbytes' CPU-only layout (packing_format_for_cpu)"
+        return REPACKED_FOR_CPU
     if state.quant_type not in _KNOWN_QUANT_TYPES:
         return f"quant_type {state.quant_type!r} is not one of {_KNOWN_QUANT_TYPES}"
     if len(state.shape) != 2:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+import types
 
 import pytest
 import torch
@@ -469,3 +470,31 @@ def test_wrappers_name_an_argument_that_is_not_a_tensor():
     state.dtype = None
     with pytest.raises(TypeError, match=r"dtype was not given and quant_state\.dtype is not a torch\.dtype"):
         nf4_ops.dequantize(packed, state)
+    del state.dtype  # a QuantState-like object without the field: the same advice, not an AttributeError
+    with pytest.raises(TypeError, match=r"dtype was not given and quant_state\.dtype is not a torch\.dtype \(got NoneType\)"):
+        nf4_ops.dequantize(packed, state)
+
+
+def test_wrappers_name_a_missing_nested_field():
+    """Every field the wrappers read is named when it is missing (.nested was not: a bare 'got SimpleNamespace')."""
+    state = bnb_quantize((8, 96), "nf4", 64, nested=False).quant_state
+    like = types.SimpleNamespace(**{k: getattr(state, k) for k in ("absmax", "blocksize", "quant_type", "shape")})
+    with pytest.raises(TypeError, match=r"got SimpleNamespace without \.nested$"):
+        nf4_ops.dequantize(torch.zeros(384, 1, dtype=torch.uint8), like, dtype=torch.float32)
+    like.nested = "no"
+    with pytest.raises(TypeError, match=r"quant_state\.nested must be a bool, got str"):
+        nf4_ops.gemv(torch.zeros(2, 96), torch.zeros(384, 1, dtype=torch.uint8), like)
+
+
+def test_wrappers_name_bitsandbytes_cpu_only_layout():
+    """bitsandbytes' eval-mode, no-grad CPU forward repacks a weight in place (on CPUs with AVX512-BF16) into a layout
+    the ops do not read; the wrappers said 'absmax must be Float ..., got BFloat16' of an absmax the user never chose.
+    The flag is set by hand here, so the test runs on every CPU (the repack itself needs AVX512-BF16)."""
+    quantized = bnb_quantize((8, 96), "nf4", 64, nested=False)
+    state = copy.copy(quantized.quant_state)
+    state.packing_format_for_cpu = True
+    message = r"quant_state is of a weight repacked in bitsandbytes' CPU-only layout \(quant_state\.packing_format_for_cpu\)"
+    with pytest.raises(ValueError, match=message):
+        nf4_ops.dequantize(quantized.packed, state)
+    with pytest.raises(ValueError, match=message):
+        nf4_ops.gemv(torch.zeros(2, 96), quantized.packed, state)

@@ -257,6 +257,15 @@ def test_float_storage_weight_that_requires_grad_is_taken_as_frozen():
     assert layer.weight.grad is None
     torch._dynamo.reset()
     torch.testing.assert_close(torch.compile(layer, fullgraph=True, backend="eager")(x), y.detach())
+    # nf4_ops.dequantize takes it as frozen too (it raised at backward, and its out= form at once), as
+    # bitsandbytes' dequantize_4bit does
+    weight, state = layer.weight, layer.weight.quant_state
+    expected = bnb.functional.dequantize_4bit(weight.detach(), state)
+    (nf4_ops.dequantize(weight, state).float() * head[:, None]).sum().backward()
+    assert torch.equal(nf4_ops.dequantize(weight, state), expected)
+    out = torch.empty_like(expected)
+    assert torch.equal(nf4_ops.dequantize(weight, state, out=out), expected)
+    assert weight.grad is None
 
 
 def test_compile_fullgraph_first_call_fp16_with_the_default_compute_dtype():
