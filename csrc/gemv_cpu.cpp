@@ -69,6 +69,8 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
                                           nested_code, nested_offset, nested_blocksize);
   check_storage_holds("nf4::gemv", "x", x);
   if (bias.has_value()) check_storage_holds("nf4::gemv", "bias", *bias);
+  // before either path, so a bad weight is named for this op whatever x's row count (as in gemv.cu)
+  const WeightData weight = weight_data("nf4::gemv", spec, packed, absmax, nested_absmax, nested_code, nested_offset);
   const int64_t rows = spec.rows.expect_int();
   const int64_t cols = spec.cols.expect_int();
   const at::Tensor x_2d = x.reshape({-1, cols});
@@ -93,7 +95,6 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
   if (x_rows == 0) return out.reshape_symint(out_shape);
   const at::Tensor x_f32 = x_2d.to(at::kFloat).contiguous();
   const at::Tensor bias_f32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  const WeightData weight = weight_data("nf4::gemv", spec, packed, absmax, nested_absmax, nested_code, nested_offset);
   NF4_DISPATCH_FLOAT_TYPES(x.scalar_type(), "nf4::gemv", [&] {
     fused_gemv_cpu<scalar_t>(spec, weight.bytes, weight.scales, x_f32, bias_f32.defined() ? bias_f32.const_data_ptr<float>() : nullptr,
                              out.mutable_data_ptr<scalar_t>());

@@ -63,7 +63,7 @@ _QUANT_STATE_FIELDS = (
     ("blocksize", _is_int, "an int"),
     ("quant_type", lambda v: isinstance(v, str), "a str"),
     ("shape", lambda v: isinstance(v, (tuple, list)) and all(_is_int(s) for s in v), "a sequence of ints"),
-    ("nested", lambda v: isinstance(v, bool), "a bool"),
+    ("nested", lambda v: True, "present"),  # read for its truth, as quant_state_args does: only a missing one is named
 )
 _NESTED_FIELDS = (
     ("state2", lambda v: v is not None, "the QuantState of the nested absmax (quant_state.nested is True)"),
@@ -86,7 +86,7 @@ def _quant_state_error(quant_state: Any) -> TypeError:
                 return value
         return value
 
-    fields = _QUANT_STATE_FIELDS + (_NESTED_FIELDS if field("nested") is True else ())
+    fields = _QUANT_STATE_FIELDS + (_NESTED_FIELDS if field("nested") not in (missing, None, False) else ())
     for path, valid, expected in fields:
         value = field(path)
         if value is missing:

@@ -326,16 +326,18 @@ def test_storage_freed_or_shrunk_after_the_tensor_was_made(name, how, device):
     storage.resize_(0 if how == "freed" else needed - 1)
     message = rf"{{op}}: {name.removesuffix('_many_rows')}'s storage must hold the {needed} bytes its sizes, strides " \
               rf"and offset reach, got {storage.nbytes()} \(was it freed or shrunk"
-    calls = {
-        "nf4::dequantize": lambda: torch.ops.nf4.dequantize(dtype=torch.bfloat16, **args),
-        "nf4::dequantize.out": lambda: torch.ops.nf4.dequantize.out(dtype=torch.bfloat16, out=out, **args),
-        "nf4::gemv": lambda: torch.ops.nf4.gemv(x, bias=bias, **args),
-    }
-    if name in ("x", "x_many_rows", "bias"):
-        calls = {"nf4::gemv": calls["nf4::gemv"]}
+    def gemv(x_of_call):
+        return "nf4::gemv", lambda: torch.ops.nf4.gemv(x_of_call, bias=bias, **args)
+
+    dequantize_out = "nf4::dequantize.out", lambda: torch.ops.nf4.dequantize.out(dtype=torch.bfloat16, out=out, **args)
+    if name in args:  # a weight tensor: both ops, gemv by its own name at 0 rows, on the fused path and on the many-rows one
+        calls = [("nf4::dequantize", lambda: torch.ops.nf4.dequantize(dtype=torch.bfloat16, **args)), dequantize_out]
+        calls += [gemv(torch.zeros(rows, K, dtype=torch.bfloat16, device=device)) for rows in (0, X_ROWS, 17)]
     elif name == "out":
-        calls = {"nf4::dequantize.out": calls["nf4::dequantize.out"]}
-    for op_name, call in calls.items():
+        calls = [dequantize_out]
+    else:
+        calls = [gemv(x)]
+    for op_name, call in calls:
         with pytest.raises(RuntimeError, match=message.format(op=re.escape(op_name))):
             call()
 
@@ -481,8 +483,8 @@ def test_wrappers_name_a_missing_nested_field():
     like = types.SimpleNamespace(**{k: getattr(state, k) for k in ("absmax", "blocksize", "quant_type", "shape")})
     with pytest.raises(TypeError, match=r"got SimpleNamespace without \.nested$"):
         nf4_ops.dequantize(torch.zeros(384, 1, dtype=torch.uint8), like, dtype=torch.float32)
-    like.nested = "no"
-    with pytest.raises(TypeError, match=r"quant_state\.nested must be a bool, got str"):
+    like.nested = 1  # read for its truth, as quant_state_args reads it: the missing state2 is what is named
+    with pytest.raises(TypeError, match=r"got SimpleNamespace without \.state2$"):
         nf4_ops.gemv(torch.zeros(2, 96), torch.zeros(384, 1, dtype=torch.uint8), like)
 
 
