@@ -162,38 +162,54 @@ def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Op
 
 
 class _Nf4Linear(torch.autograd.Function):
-    """y = x @ W.T + bias with W 4-bit; backward gives grad_x = grad_y @ W and grad_bias, no weight grad."""
+    """y = x @ W.T + bias with W 4-bit; backward gives grad_x = grad_y @ W and grad_bias, no weight grad. In the
+    forward / setup_context form, with a generated vmap rule, so that torch.func's transforms (grad, vjp, jacrev,
+    vmap) take it: the old forward(ctx, ...) form raised under them."""
+
+    generate_vmap_rule = True  # the op takes x's leading dimensions, so a batch dimension of x just rides along
 
     @staticmethod
-    def forward(ctx, x, bias, packed, args):
-        ctx.packed, ctx.args = packed, args
-        # The weight's tensors stay on ctx, not in save_for_backward: saved tensors pass through saved-tensor hooks
-        # (save_on_cpu, activation offloading), which would copy the 4-bit weight off the GPU every training step
-        # (bitsandbytes' MatMul4Bit keeps its weight on ctx too). Their versions are checked at backward instead, so
-        # a weight changed in place since (copy_, a reload) raises, as it does for F.linear, rather than backward
-        # dequantizing bytes the forward never used. (Not under torch.compile, which does not trace version counters.)
-        ctx.versions = None if torch.compiler.is_compiling() else _versions(packed, args)
-        ctx.bias_needs_grad = bias is not None and bias.requires_grad
+    def forward(x, bias, packed, args):
         return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, bias, packed, args = inputs
+        ctx.tensor_names = tuple(name for name, value in args.items() if isinstance(value, torch.Tensor))
+        ctx.other_args = {name: value for name, value in args.items() if name not in ctx.tensor_names}
+        weight = (packed,) + tuple(args[name] for name in ctx.tensor_names)
+        if torch.compiler.is_compiling():
+            # Traced, the weight's tensors must be saved tensors: compiled autograd (torch._dynamo.config.
+            # compiled_autograd) fails with an IndexError on tensors kept on ctx. AOT autograd's compiled function saves
+            # every tensor its backward graph reads, the weight among them, whichever way it was kept here, so this
+            # costs nothing more under saved-tensor hooks. torch.compile does not trace version counters.
+            ctx.save_for_backward(*weight)
+            ctx.weight, ctx.versions = None, None
+        else:
+            # Eager, the weight's tensors stay on ctx, not in save_for_backward: saved tensors pass through saved-tensor
+            # hooks (save_on_cpu, activation offloading), which would copy the 4-bit weight off the GPU every training
+            # step (bitsandbytes' MatMul4Bit keeps its weight on ctx too). Their versions are checked at backward
+            # instead, so a weight changed in place since (copy_, a reload) raises, as it does for F.linear, rather
+            # than backward dequantizing bytes the forward never used.
+            ctx.weight, ctx.versions = weight, _versions(weight)
 
     @staticmethod
     def backward(ctx, grad_y):
         grad_x = grad_bias = None
         if ctx.needs_input_grad[0]:
-            if (ctx.versions is not None and not torch.compiler.is_compiling()
-                    and _versions(ctx.packed, ctx.args) != ctx.versions):
+            weight = ctx.saved_tensors if ctx.weight is None else ctx.weight
+            if ctx.versions is not None and not torch.compiler.is_compiling() and _versions(weight) != ctx.versions:
                 raise RuntimeError("nf4_ops.gemv: the weight (packed, absmax or nested absmax) was modified by an "
                                    "inplace operation between the forward and this backward, which needs it as it was")
-            weight = torch.ops.nf4.dequantize(ctx.packed, dtype=grad_y.dtype, **ctx.args)
-            grad_x = grad_y @ weight
-        if ctx.bias_needs_grad:
+            packed, args = weight[0], dict(ctx.other_args, **dict(zip(ctx.tensor_names, weight[1:])))
+            grad_x = grad_y @ torch.ops.nf4.dequantize(packed, dtype=grad_y.dtype, **args)
+        if ctx.needs_input_grad[1]:
             grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)
         return grad_x, grad_bias, None, None
 
 
-def _versions(packed: torch.Tensor, args: dict[str, Any]) -> tuple[int, ...]:
-    """The version counters of the weight's tensors (packed and the QuantState's), in a fixed order. An inference
-    tensor (a weight quantized under torch.inference_mode()) has none, and outside inference mode cannot be changed
-    in place at all: it counts as -1."""
-    tensors = (packed,) + tuple(v for v in args.values() if isinstance(v, torch.Tensor))
-    return tuple(-1 if t.is_inference() else t._version for t in tensors)
+def _versions(weight: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    """The version counters of the weight's tensors (packed and the QuantState's). An inference tensor (a weight
+    quantized under torch.inference_mode()) has none, and outside inference mode cannot be changed in place at all: it
+    counts as -1."""
+    return tuple(-1 if t.is_inference() else t._version for t in weight)

@@ -107,12 +107,19 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
                              f"quant_state and is not bitsandbytes' packed [n, 1] that the layer's quant_state could "
                              f"go back on: it was never quantized; quantize it through bitsandbytes (e.g. .to(device)) "
                              f"first")
-    bnb.nn.modules.fix_4bit_weight_quant_state_from_module(self)
+    if getattr(weight, "quant_state", None) is None and not isinstance(weight, bnb.nn.Params4bit):
+        # A plain tensor in the weight's place: torch.export's default (non-strict) mode puts a fake tensor there, FSDP
+        # a flat parameter's view. bitsandbytes' recovery would wrap it in a new Params4bit, which a fake tensor cannot
+        # become (the export failed); the layer's own quant_state gives the same arguments, and the module is left as
+        # it is.
+        quant_state = self.quant_state
+    else:
+        bnb.nn.modules.fix_4bit_weight_quant_state_from_module(self)
+        quant_state = self.weight.quant_state
     reason = _unsupported_reason(self, saved.kernel_devices)
     if reason is not None:  # the layer changed since patch() (moved to another device, repacked)
         _warn_once(self, reason)
         return saved.call_original(self, x)
-    quant_state = self.weight.quant_state
 
     if not self.compute_type_is_set:
         if torch.compiler.is_compiling():

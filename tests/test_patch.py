@@ -194,6 +194,69 @@ def test_gemv_wrapper_gives_input_and_bias_gradients(with_bias):
             torch.testing.assert_close(bias.grad, bias_ref.grad)
 
 
+def test_gemv_wrapper_under_torch_func_transforms():
+    """torch.func's grad, jacrev and vmap take nf4_ops.gemv and a patched layer (the rule's old forward(ctx, ...) form
+    raised "must override the setup_context staticmethod" under them; bitsandbytes' own forward raises so too)."""
+    quantized = bnb_quantize((40, 96), "nf4", 64, nested=True)
+    packed, state = quantized.packed, quantized.quant_state
+    weight = bnb_dequantize_4bit(packed, state)
+    torch.manual_seed(0)
+    x, bias = torch.randn(3, 96), torch.randn(40)
+    grad_x = torch.func.grad(lambda x: nf4_ops.gemv(x, packed, state, bias).sum())(x)
+    torch.testing.assert_close(grad_x, weight.sum(0).expand(3, 96))
+    torch.testing.assert_close(torch.func.jacrev(lambda x: nf4_ops.gemv(x, packed, state))(x[0]), weight)
+    grad_bias = torch.func.grad(lambda b: (nf4_ops.gemv(x, packed, state, b) ** 2).sum())(bias)
+    torch.testing.assert_close(grad_bias, 2 * (x @ weight.T + bias).sum(0), rtol=1e-4, atol=1e-4)
+    layer = nf4_ops.patch(new_quantized_layer(bias=True))  # its bias requires grad: the rule's path, vmapped
+    xs = torch.randn(4, 3, 128)
+    expected = torch.nn.functional.linear(xs, bnb_dequantize_4bit(layer.weight.data, layer.weight.quant_state),
+                                          layer.bias)
+    torch.testing.assert_close(torch.func.vmap(layer)(xs), expected)
+    torch.testing.assert_close(torch.func.vmap(layer, in_dims=1, out_dims=1)(xs), expected)
+
+
+def test_compiled_autograd_training_step():
+    """A compiled training step under compiled autograd (torch._dynamo.config.compiled_autograd): the rule kept the
+    weight's tensors on ctx, which compiled autograd cannot trace (an IndexError); traced, they are saved tensors."""
+    quantized = bnb_quantize((40, 96), "nf4", 64, nested=True)
+    packed, state = quantized.packed, quantized.quant_state
+    weight = bnb_dequantize_4bit(packed, state)
+    torch.manual_seed(0)
+    bias = torch.randn(40, requires_grad=True)
+    grad_y = torch.randn(3, 40)
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(compiled_autograd=True):  # before torch.compile wraps step: it reads it there
+
+        @torch.compile(backend="aot_eager")  # the backward call is a graph break; compiled autograd compiles the backward
+        def step(x):
+            nf4_ops.gemv(x, packed, state, bias).backward(grad_y)
+
+        x = torch.randn(3, 96, requires_grad=True)
+        step(x)
+    torch.testing.assert_close(x.grad, grad_y @ weight)
+    torch.testing.assert_close(bias.grad, grad_y.sum(0))
+
+
+def test_export_of_a_patched_model_default_non_strict():
+    """torch.export's default (non-strict) mode puts a plain fake tensor in each parameter's place, which has no
+    quant_state: bitsandbytes' recovery then tried to wrap it in a Params4bit and the export failed ("Creating a new
+    Tensor subclass Params4bit but the raw Tensor object is already associated to a python object of type
+    FakeTensor"; bitsandbytes' own forward fails so too). The patched forward takes the layer's quant_state."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(new_quantized_layer(bias=True), torch.nn.ReLU(),
+                                bnb.nn.Linear4bit(40, 24, bias=False, compute_dtype=torch.float32, quant_type="fp4",
+                                                  compress_statistics=True)).to("cpu")
+    nf4_ops.patch(model)
+    exported = torch.export.export(model, (torch.randn(2, 5, 128),),
+                                   dynamic_shapes=({0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")},))
+    assert any(node.target is torch.ops.nf4.gemv.default for node in exported.graph.nodes)
+    x = torch.randn(3, 9, 128)
+    with torch.no_grad():
+        assert torch.equal(exported.module()(x), model(x))
+    assert all(isinstance(layer.weight, bnb.nn.Params4bit) for layer in (model[0], model[2]))  # the model untouched
+
+
 def test_backward_after_the_weight_changed_in_place_is_an_error():
     """The autograd rule saves the weight's tensors for backward, so autograd checks their versions: a weight changed
     in place between forward and backward (copy_, a reload) raises, as F.linear does, instead of backward
