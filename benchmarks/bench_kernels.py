@@ -14,8 +14,9 @@ recorded with its times.
 
     python benchmarks/bench_kernels.py [--quick] [--rounds R] [--min-calls N] [--out DIR]
 
-(--min-calls N: at least N calls per timed graph, cycling through the copies; default 16. With 1 a graph holds one
-call per copy, which is 2 on the largest layers and up to 16 on small ones.)
+(--min-calls N: N calls per timed graph, cycling through the copies, or graphs of N copies each replayed in turn
+where there are more copies; default 16. With 1 a graph holds one call per copy, which is 2 on the largest layers
+and up to 64 on the smallest.)
 
 Prints a table last and writes DIR/kernels.json and DIR/kernels.png.
 """
@@ -42,6 +43,7 @@ from report import (crossover_table, dequantize_bytes, dequantize_table, gemv_by
 BLOCKSIZE = 64
 QUANT_TYPE = "nf4"
 ROTATE_BYTES = 3 * 60 * 2**20  # three times the largest L2 here (H200: 60 MB)
+MAX_COPIES = 256  # the paper layers need at most 64 (Qwen's k/v gemv, 2.96 MB a call)
 REPLAYS = 25
 # The fewest calls a timed graph holds (cycling through the input sets). 1 keeps one call per input set, so a
 # large layer's graph holds 2 calls and a small one's up to 16, and each replay's launch and first call's start
@@ -98,31 +100,45 @@ class Row:
     gpu_state: dict[str, float] = field(default_factory=dict)  # right after the layer's last timing (gpu_state)
 
 
+def graph_chains(input_sets: int, min_calls: int) -> list[list[int]]:
+    """Which input sets each timed graph calls fn on, in order. Up to min_calls sets (or with min_calls 1): one graph
+    that cycles through them until it holds min_calls calls. More sets than that (the small layers, whose copies
+    must number up to 64 to exceed ROTATE_BYTES): graphs of min_calls sets each, replayed in turn, so that every
+    layer's chain has the same length (a replay's launch weighs the same per call) while the sets rotated through
+    still exceed L2; the last graph fills up from the first sets."""
+    if min_calls <= 1 or input_sets <= min_calls:
+        return [[i % input_sets for i in range(max(input_sets, min_calls))]]
+    return [[(first + i) % input_sets for i in range(min_calls)] for first in range(0, input_sets, min_calls)]
+
+
 def graph_median_us(fn, inputs: list) -> float:
-    """Median time of one fn(*inputs[i]) call: a CUDA graph calls fn on every input set in turn, cycling through
-    them until it holds min_graph_calls calls."""
-    calls = [inputs[i % len(inputs)] for i in range(max(len(inputs), min_graph_calls))]
+    """Median time of one fn(*inputs[i]) call over REPLAYS replays of each CUDA graph of graph_chains."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for args in inputs:  # warm-up (lazy init, workspace allocation) outside the graph
             fn(*args)
     torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for args in calls:
-            fn(*args)
-    graph.replay()
+    chains = graph_chains(len(inputs), min_graph_calls)
+    graphs = []
+    for chain in chains:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in chain:
+                fn(*inputs[i])
+        graph.replay()
+        graphs.append(graph)
     torch.cuda.synchronize()
     times = []
     for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    del graph
+        for graph, chain in zip(graphs, chains):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / len(chain))
+    del graphs
     return statistics.median(times)
 
 
@@ -180,7 +196,10 @@ def warm_up(layer: Layer) -> None:
 
 
 def copies_for(nbytes_per_call: int) -> int:
-    return max(2, min(16, math.ceil(ROTATE_BYTES / max(nbytes_per_call, 1))))
+    """How many copies of a call's inputs to rotate through: enough to move ROTATE_BYTES, at least 2. (Capped at 16
+    until session 58, which left the smallest layers' gemv sets short: Qwen's k/v 47 MB, under an H100's 50 MB of L2.
+    The cap now only bounds a tiny shape's memory.)"""
+    return max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes_per_call, 1))))
 
 
 def dequantize_inputs(quantized: list, layer: Layer, dtype: torch.dtype) -> list:
@@ -399,8 +418,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="passes over the layers (and ceilings); the tables take each figure's median over them")
     parser.add_argument("--min-calls", type=int, default=DEFAULT_MIN_GRAPH_CALLS,
-                        help=f"the fewest calls per timed graph, cycling through the weight copies (default "
-                        f"{DEFAULT_MIN_GRAPH_CALLS}; 1: one call per copy, 2-16 by layer size)")
+                        help=f"calls per timed graph, cycling through the weight copies, or graphs of that many copies "
+                        f"replayed in turn where there are more (default {DEFAULT_MIN_GRAPH_CALLS}; 1: one graph, one "
+                        f"call per copy, 2-64 by layer size)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds: expected at least 1, got {args.rounds}")
