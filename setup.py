@@ -1,5 +1,6 @@
 """Builds nf4_ops._C: a CUDA extension when torch is a CUDA build and CUDA_HOME has an nvcc of its major CUDA
-version, else CPU-only (saying why).
+version and its runtime library, else CPU-only (saying why). Where CUDA_HOME is not set and the nvcc on PATH is a
+wrapper outside the toolkit, /usr/local/cuda is taken (take_default_cuda_home_over_a_wrapper).
 
 TORCH_CUDA_ARCH_LIST picks the GPU architectures (default: sm_80, sm_86, sm_89, sm_90a). sm_90a (H100, H200) has
 the warpgroup gemv kernel (wgmma, csrc/gemv.cu); a build whose only sm_90 target is sm_90a turns it on
@@ -8,13 +9,41 @@ NF4_OPS_CPU_ONLY=1 forces a CPU-only build.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 from setuptools import setup
-from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+DEFAULT_CUDA_HOME = Path("/usr/local/cuda")  # torch's own last guess
+
+
+def has_cuda_runtime(cuda_home: Path) -> bool:
+    """Whether cuda_home has the CUDA runtime library that torch links a CUDA extension against (-lcudart, from lib64
+    or lib)."""
+    return any((cuda_home / lib / "libcudart.so").exists() for lib in ("lib64", "lib"))
+
+
+def take_default_cuda_home_over_a_wrapper() -> None:
+    """torch takes CUDA_HOME from the environment, else from the nvcc on PATH (its bin folder's parent), else
+    /usr/local/cuda. An nvcc on PATH that is a wrapper script (/usr/local/bin/nvcc exec'ing the toolkit's) makes that
+    /usr/local, with no runtime library: the build then failed at its last step (cannot find -lcudart), minutes in.
+    Where the environment names no CUDA_HOME and the PATH guess has no runtime library, /usr/local/cuda is taken if
+    it is a whole toolkit. Before torch.utils.cpp_extension is imported, which reads CUDA_HOME once."""
+    nvcc = shutil.which("nvcc")
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or nvcc is None:
+        return
+    guess = Path(nvcc).parent.parent
+    if not has_cuda_runtime(guess) and has_cuda_runtime(DEFAULT_CUDA_HOME) and (DEFAULT_CUDA_HOME / "bin" / "nvcc").is_file():
+        print(f"nf4_ops: CUDA_HOME={DEFAULT_CUDA_HOME}: the nvcc on PATH ({nvcc}) would make it {guess}, which has no CUDA "
+              f"runtime library to link", file=sys.stderr)  # fmt: skip
+        os.environ["CUDA_HOME"] = str(DEFAULT_CUDA_HOME)
+
+
+take_default_cuda_home_over_a_wrapper()
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 DEFAULT_CUDA_ARCHS = "8.0;8.6;8.9;9.0a"
 CSRC = Path("csrc")
@@ -62,7 +91,7 @@ def nvcc_version(cuda_home: str) -> str | None:
 
 def want_cuda() -> bool:
     """The CUDA kernels are built where torch is a CUDA build and CUDA_HOME has an nvcc of torch's major CUDA version
-    (torch's build refuses another); else the build is CPU-only and says why."""
+    (torch's build refuses another) and the runtime library to link; else the build is CPU-only and says why."""
     if os.environ.get("NF4_OPS_CPU_ONLY") == "1":
         return False
     if torch.version.cuda is None:
@@ -76,6 +105,10 @@ def want_cuda() -> bool:
             found = f"CUDA_HOME={CUDA_HOME} has " + (f"nvcc {nvcc}" if nvcc else "no bin/nvcc")
         print(f"nf4_ops: CPU-only build: the CUDA kernels of torch {torch.__version__} need an nvcc of CUDA {major}.x, "
               f"and {found}", file=sys.stderr)  # fmt: skip
+        return False
+    if not has_cuda_runtime(Path(CUDA_HOME)):
+        print(f"nf4_ops: CPU-only build: CUDA_HOME={CUDA_HOME} has nvcc {nvcc} but no CUDA runtime library to link "
+              f"(lib64/libcudart.so or lib/libcudart.so); set CUDA_HOME to the whole toolkit", file=sys.stderr)
         return False
     return True
 

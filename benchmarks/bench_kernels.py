@@ -1,7 +1,7 @@
 """Kernel benchmark: nf4-ops against bitsandbytes, cuBLAS bf16 and the measured memory ceilings, in one
 process, on the linear-layer shapes of Gemma-27B, Qwen3-32B and Llama-3.3-70B.
 
-Method (../shared/docs/performance.md): random weights quantized by bitsandbytes; each timed call runs
+Method (README.md, Performance): random weights quantized by bitsandbytes; each timed call runs
 inside a CUDA graph that cycles through enough weight copies that the working set exceeds L2; CUDA events
 around graph replays; the median of the replays, and of that over --rounds passes over every layer (so a
 passing slowdown of the GPU, such as one that once put a layer 13% slow in one pass, moves no figure).
