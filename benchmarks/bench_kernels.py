@@ -43,12 +43,12 @@ from report import (crossover_table, dequantize_bytes, dequantize_table, gemv_by
 BLOCKSIZE = 64
 QUANT_TYPE = "nf4"
 ROTATE_BYTES = 3 * 60 * 2**20  # three times the largest L2 here (H200: 60 MB)
-MAX_COPIES = 256  # the paper layers need at most 64 (Qwen's k/v gemv, 2.96 MB a call)
+MAX_COPIES = 256  # the paper layers need at most 64 (Qwen's k/v gemv, 2.96 MB a call); a multiple of 16
 REPLAYS = 25
-# The fewest calls a timed graph holds (cycling through the input sets). 1 keeps one call per input set, so a
-# large layer's graph holds 2 calls and a small one's up to 16, and each replay's launch and first call's start
-# weigh up to 8x more per call on the large layers (NOTES gemv row 78); 16 gives every layer the same chain.
-# Set by --min-calls.
+# The calls a timed graph holds (graph_chains). 1 keeps one graph with one call per input set, so a large layer's
+# graph holds 2 calls and a small one's up to 64, and each replay's launch and first call's start weigh up to 32x
+# more per call on the large layers (8x with the 16 copies of before session 58; NOTES gemv row 78); 16 gives every
+# layer the same chain. Set by --min-calls.
 DEFAULT_MIN_GRAPH_CALLS = 16
 # Idle seconds before each layer's rows-of-x sweep: the sweep's compute-heavy points (dequantize + cuBLAS at 65-256
 # rows) draw ~650 W on an H100 and lower its SM clock to ~1400 MHz, and the next layer's first points then read high
@@ -101,11 +101,12 @@ class Row:
 
 
 def graph_chains(input_sets: int, min_calls: int) -> list[list[int]]:
-    """Which input sets each timed graph calls fn on, in order. Up to min_calls sets (or with min_calls 1): one graph
-    that cycles through them until it holds min_calls calls. More sets than that (the small layers, whose copies
+    """Which input sets each timed graph calls fn on, in order (copies_for makes their count a divisor or a multiple
+    of min_calls). Up to min_calls sets (or with min_calls 1): one graph that cycles through them until it holds
+    min_calls calls. More sets than that (the small layers, whose copies
     must number up to 64 to exceed ROTATE_BYTES): graphs of min_calls sets each, replayed in turn, so that every
     layer's chain has the same length (a replay's launch weighs the same per call) while the sets rotated through
-    still exceed L2; the last graph fills up from the first sets."""
+    still exceed L2; the last graph fills up from the first sets, which copies_for's whole graphs never need."""
     if min_calls <= 1 or input_sets <= min_calls:
         return [[i % input_sets for i in range(max(input_sets, min_calls))]]
     return [[(first + i) % input_sets for i in range(min_calls)] for first in range(0, input_sets, min_calls)]
@@ -196,10 +197,17 @@ def warm_up(layer: Layer) -> None:
 
 
 def copies_for(nbytes_per_call: int) -> int:
-    """How many copies of a call's inputs to rotate through: enough to move ROTATE_BYTES, at least 2. (Capped at 16
-    until session 58, which left the smallest layers' gemv sets short: Qwen's k/v 47 MB, under an H100's 50 MB of L2.
-    The cap now only bounds a tiny shape's memory.)"""
-    return max(2, min(MAX_COPIES, math.ceil(ROTATE_BYTES / max(nbytes_per_call, 1))))
+    """How many copies of a call's inputs to rotate through: enough to move ROTATE_BYTES, at least 2, and a divisor
+    or a multiple of min_graph_calls, so that graph_chains' graphs hold every copy equally often and no copy is read
+    twice in a row. Until session 58 they were neither: 3, 5, 7 or 13-15 copies cycled through a graph of 16 calls
+    ended each replay on copy 0 and began the next on it again, one call in 16 reading from L2 what the call before
+    had just read (Llama's q/o: 5 copies of 38 MB); and at most 16 copies left the smallest layers' gemv sets short
+    (Qwen's k/v 47 MB, under an H100's 50 MB of L2). The cap now only bounds a tiny shape's memory."""
+    copies = max(2, math.ceil(ROTATE_BYTES / max(nbytes_per_call, 1)))
+    if min_graph_calls > 1:
+        copies = (next(d for d in range(copies, min_graph_calls + 1) if min_graph_calls % d == 0)
+                  if copies <= min_graph_calls else -(-copies // min_graph_calls) * min_graph_calls)  # fmt: skip
+    return min(MAX_COPIES, copies)
 
 
 def dequantize_inputs(quantized: list, layer: Layer, dtype: torch.dtype) -> list:

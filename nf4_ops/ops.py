@@ -166,7 +166,9 @@ class _Nf4Linear(torch.autograd.Function):
     forward / setup_context form, with a generated vmap rule, so that torch.func's transforms (grad, vjp, jacrev,
     vmap) take it: the old forward(ctx, ...) form raised under them."""
 
-    generate_vmap_rule = True  # the op takes x's leading dimensions, so a batch dimension of x just rides along
+    # torch.func.vmap runs forward and backward as written on the batched tensors; nf4::gemv itself has no batching
+    # rule, so under vmap functorch calls it once per batch element (correct, one launch each)
+    generate_vmap_rule = True
 
     @staticmethod
     def forward(x, bias, packed, args):

@@ -28,10 +28,23 @@ def call_bytes_of_every_timed_set():
             yield f"{name} {key}", nbytes
 
 
+def bytes_between_reads_of_a_set(call_bytes: int, copies: int) -> int:
+    """The fewest bytes the timed calls read between two reads of one input set, over the graphs' replays in turn."""
+    calls = [i for chain in bk.graph_chains(copies, bk.min_graph_calls) for i in chain] * 2
+    gaps = [calls.index(i, position + 1) - position - 1 for position, i in enumerate(calls[: len(calls) // 2])]
+    return min(gaps) * call_bytes
+
+
 @pytest.mark.parametrize("what, call_bytes", list(call_bytes_of_every_timed_set()))
 def test_every_timed_set_rotates_past_l2(what, call_bytes):
+    """Each set is read again only after at least ROTATE_BYTES / 2 (1.5x the largest L2) of the other sets: enough
+    copies, and none read twice in a row. Before session 58 a copy count that was no divisor of the graph's 16 calls
+    (3, 5, 7, 13-15) ended each replay on copy 0 and began the next on it again; 16 copies of Qwen's k/v gemv were 45
+    MB apart."""
+    assert bk.min_graph_calls == bk.DEFAULT_MIN_GRAPH_CALLS
     copies = bk.copies_for(call_bytes)
     assert copies * call_bytes >= bk.ROTATE_BYTES, f"{what}: {copies} copies of {call_bytes} bytes"
+    assert bytes_between_reads_of_a_set(call_bytes, copies) >= bk.ROTATE_BYTES / 2, f"{what}: {copies} copies"
     assert copies < bk.MAX_COPIES  # the cap bounds a tiny shape's memory, not a paper layer's rotation
 
 
