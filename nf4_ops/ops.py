@@ -166,9 +166,7 @@ class _Nf4Linear(torch.autograd.Function):
     forward / setup_context form, with a generated vmap rule, so that torch.func's transforms (grad, vjp, jacrev,
     vmap) take it: the old forward(ctx, ...) form raised under them."""
 
-    # torch.func.vmap runs forward and backward as written on the batched tensors; nf4::gemv itself has no batching
-    # rule, so under vmap functorch calls it once per batch element (correct, one launch each)
-    generate_vmap_rule = True
+    generate_vmap_rule = True  # forward and backward run as written on vmap's batched tensors (nf4::gemv's own rule below)
 
     @staticmethod
     def forward(x, bias, packed, args):
@@ -215,3 +213,18 @@ def _versions(weight: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
     quantized under torch.inference_mode()) has none, and outside inference mode cannot be changed in place at all: it
     counts as -1."""
     return tuple(-1 if t.is_inference() else t._version for t in weight)
+
+
+def _gemv_vmap(info, in_dims, x, packed, absmax, blocksize, quant_type, shape, *rest):
+    """nf4::gemv's batching rule for torch.func.vmap. A batch dimension of x alone joins x's leading dimensions, which
+    the op takes as rows: one call. A batched weight or bias (an ensemble of layers) is one call per member, stacked.
+    Without a rule functorch called the op once per batch element in every case."""
+    args = (x, packed, absmax, blocksize, quant_type, shape, *rest)
+    if all(dim is None for dim in in_dims[1:] if not isinstance(dim, (list, tuple))):
+        return torch.ops.nf4.gemv(x.movedim(in_dims[0], 0), *args[1:]), 0
+    members = [[arg if dim is None or isinstance(dim, (list, tuple)) else arg.select(dim, member)
+                for arg, dim in zip(args, in_dims)] for member in range(info.batch_size)]  # fmt: skip
+    return torch.stack([torch.ops.nf4.gemv(*member) for member in members]), 0
+
+
+torch.library.register_vmap("nf4::gemv", _gemv_vmap)

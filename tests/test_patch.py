@@ -215,6 +215,28 @@ def test_gemv_wrapper_under_torch_func_transforms():
     torch.testing.assert_close(torch.func.vmap(layer, in_dims=1, out_dims=1)(xs), expected)
 
 
+def test_gemv_batching_rule():
+    """nf4::gemv's vmap rule: a batch dimension of x (anywhere but its last) joins x's rows in one call, where functorch
+    had called the op once per batch element; a batched weight or bias is one call per member. Same bits as the
+    calls without vmap."""
+    quantized = bnb_quantize((40, 96), "nf4", 64, nested=True)
+    args = nf4_ops.quant_state_args(quantized.quant_state)
+    packed = quantized.packed
+    torch.manual_seed(0)
+    xs, bias = torch.randn(5, 3, 96), torch.randn(40)
+    expected = torch.ops.nf4.gemv(xs, packed, bias=bias, **args)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        assert torch.equal(torch.func.vmap(lambda x: torch.ops.nf4.gemv(x, packed, bias=bias, **args))(xs), expected)
+    assert sum(event.name == "nf4::gemv" for event in profile.events()) == 2  # the vmapped call and one op call
+    assert torch.equal(torch.func.vmap(lambda x: torch.ops.nf4.gemv(x, packed, bias=bias, **args), in_dims=2,
+                                       out_dims=0)(xs.permute(1, 2, 0)), expected)
+    biases = torch.stack([bias, -bias])
+    packs = torch.stack([packed, packed.flip(0)])
+    members = torch.func.vmap(lambda p, b: torch.ops.nf4.gemv(xs, p, bias=b, **args))(packs, biases)
+    for member in range(2):
+        assert torch.equal(members[member], torch.ops.nf4.gemv(xs, packs[member], bias=biases[member], **args))
+
+
 def test_compiled_autograd_training_step():
     """A compiled training step under compiled autograd (torch._dynamo.config.compiled_autograd): the rule kept the
     weight's tensors on ctx, which compiled autograd cannot trace (an IndexError); traced, they are saved tensors."""
