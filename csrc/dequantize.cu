@@ -137,8 +137,11 @@ void launch_dequantize(const WeightSpec& spec, const WeightData& weight, at::Ten
     const int64_t scalar_elements = numel - items * U::kItemWords * U::kElements;
     const int64_t blocks = std::max<int64_t>({(items + kWarpsPerBlock - 1) / kWarpsPerBlock,
                                               (scalar_elements + kThreads - 1) / kThreads, 1});
-    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::dequantize: shape ", spec.rows, " x ", spec.cols,
-                " needs ", blocks, " CUDA blocks, more than a launch allows");
+    // the message is built from strings alone: streaming a number (a SymInt above all) into it segfaulted on the GPU
+    // machine's toolchain (checks.cpp, text())
+    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::dequantize: shape " +
+                std::to_string(spec.rows.expect_int()) + " x " + std::to_string(spec.cols.expect_int()) + " needs " +
+                std::to_string(blocks) + " CUDA blocks, more than a launch allows");
     launch_kernel(dequantize_kernel<T>, dim3(static_cast<unsigned>(blocks)), kThreads, 0,
                   at::cuda::getCurrentCUDAStream(), 1, bytes, weight.scales, spec.quant_type, spec.blocksize_log2, numel,
                   items, blocks > resident_ctas<T>(), out_data);

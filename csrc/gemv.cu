@@ -1989,8 +1989,9 @@ bool one_row_gemv_applies(int64_t x_rows, const BlockScales& scales, int blocksi
                                                                     scales.nested_blocksize_log2) <= kOrNestedMaxBlocks;
   const int64_t max_x_rows =
       split_operands ? 1 : std::min<int64_t>(kOrMaxXRows, one_row_gemv_max_x_rows(rows, cols, peak_memory_GBps()));
+  // the kernel indexes a row's columns in int (s * kOrStep): a K past that would wrap its nested scale index
   return x_rows >= 1 && x_rows <= max_x_rows && nested_fit && cols % (kOrStep / 2) == 0 &&
-         cols % (int64_t{1} << blocksize_log2) == 0 &&
+         cols <= std::numeric_limits<int>::max() - kOrStep && cols % (int64_t{1} << blocksize_log2) == 0 &&
          (fewest_rows + kOrRows - 1) / kOrRows * steps >= int64_t{kOrMinStepsPerWarp} * kOrWarps;
 }
 
@@ -2307,9 +2308,14 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
       launch_one_row_gemv<T>(x_data, bytes, scales, spec, rows, cols, launch_rows, bias_data, out_data, stream);
       return;
     }
-    const int blocks = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    // one warp per row of W and no loop over rows: a grid past a launch's limit would wrap and leave rows unwritten
+    const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+    TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::gemv: shape[0] (N) = " + std::to_string(rows) +
+                " needs " + std::to_string(blocks) + " CUDA blocks of the fused kernel (taken where K = " +
+                std::to_string(cols) + " is no multiple of 256 or x or packed is not 16-byte aligned), more than a "
+                "launch allows (" + std::to_string(std::numeric_limits<int>::max()) + ")");
     const bool vectorize = cols % kChunkElements == 0 && is_aligned_16(bytes) && is_aligned_16(x_data);
-    launch_kernel(vectorize ? fused_gemv_kernel<T, true> : fused_gemv_kernel<T, false>, dim3(blocks),
+    launch_kernel(vectorize ? fused_gemv_kernel<T, true> : fused_gemv_kernel<T, false>, dim3(static_cast<unsigned>(blocks)),
                   kWarpsPerBlock * 32, 0, stream, 1, x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows,
                   cols, int(launch_rows), bias_data, out_data);
   });

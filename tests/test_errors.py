@@ -171,6 +171,22 @@ def test_gemv_output_past_the_size_bound():
     assert torch.ops.nf4.gemv(torch.empty(2**20, k, device="meta"), **args).shape == (2**20, n)  # 2^60: at the bound
 
 
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.mem_get_info()[0] < 24 * 2**30,
+                    reason="needs a CUDA GPU with 24 GiB free (a 4 GiB weight, a 16 GiB output)")
+def test_gemv_fused_kernel_grid_past_a_launch():
+    """The fused CUDA-core kernel (K no multiple of 256) has one warp per row of W and no loop over rows: at N = 2^33
+    its grid of 2^31 blocks passed a launch's limit, and at N = 2^34 + 4 it wrapped to one block and left all but 4
+    rows unwritten. Now an error that names N (a helper's reading; K = 1 keeps the weight at 4 GiB)."""
+    n = 2**33
+    args = dict(packed=torch.zeros(n // 2, dtype=torch.uint8, device="cuda"),
+                absmax=torch.ones(n // 4096, device="cuda"), blocksize=4096, quant_type="nf4", shape=[n, 1])
+    with pytest.raises(RuntimeError, match=r"nf4::gemv: shape\[0\] \(N\) = 8589934592 needs 2147483648 CUDA blocks of "
+                                           r"the fused kernel .*more than a launch allows \(2147483647\)"):
+        torch.ops.nf4.gemv(torch.ones(1, 1, dtype=torch.bfloat16, device="cuda"), **args)
+    del args
+    torch.cuda.empty_cache()
+
+
 def test_gemv_x_past_the_size_bound():
     """An x of more than 2^60 elements (expanded; its output within the bound) is named too: the kernels' contiguous
     or fp32 copy of it failed with the allocator's overflow error, which named neither the op nor x."""

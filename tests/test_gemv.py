@@ -114,6 +114,59 @@ def test_gemv_non_contiguous_x(rows, device):
     assert_gemv_close(torch.ops.nf4.gemv(x_sliced, packed, **args), x_sliced, packed, args)
 
 
+def shifted(t: torch.Tensor, elements: int) -> torch.Tensor:
+    """A contiguous view of t's values that starts `elements` of its own dtype into a storage of its own, so its data
+    pointer loses the 16-byte alignment the vector paths need (the kernels must take their element-wise paths)."""
+    storage = torch.empty(t.numel() + elements, dtype=t.dtype, device=t.device)
+    view = storage[elements:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+MISALIGNED = ["packed_1_byte", "x_1_element", "absmax_1_element", "codes_1_to_3_bytes", "bias_1_element"]
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("rows", [1, 5, 16, 40], ids=lambda m: f"M{m}")
+@pytest.mark.parametrize("what", MISALIGNED)
+def test_gemv_misaligned_inputs(what, rows, device):
+    """Contiguous views that start off the 16-byte alignment of the tensor-core, one-row, warpgroup and vectorised
+    CUDA-core paths (a helper's reading found these untested on CUDA): each call takes a path that needs no alignment
+    and is still right, at the rows of every path (one row, the fused kernels' limits, dequantize + matmul)."""
+    shape = (48, 512)
+    packed, args = weight_on(device, shape, "nf4", 64, nested=what.startswith("codes"))
+    x = random_x((rows, shape[1]), torch.bfloat16, device)
+    bias = random_x((shape[0],), torch.bfloat16, device, seed=2)
+    cases = {
+        "packed_1_byte": lambda: dict(packed=shifted(packed.view(torch.uint8).flatten(), 1)),
+        "x_1_element": lambda: dict(x=shifted(x, 1)),
+        "absmax_1_element": lambda: dict(absmax=shifted(args["absmax"], 1)),
+        "codes_1_to_3_bytes": lambda: dict(absmax=shifted(args["absmax"], 1 + rows % 3)),
+        "bias_1_element": lambda: dict(bias=shifted(bias, 1)),
+    }
+    call = dict(x=x, packed=packed, bias=bias, **args) | cases[what]()
+    assert any(t.data_ptr() % 16 for t in (call["x"], call["packed"], call["absmax"], call["bias"]))
+    out = torch.ops.nf4.gemv(**call)
+    assert_gemv_close(out, call["x"], call["packed"], {k: v for k, v in call.items() if k not in ("x", "packed", "bias")},
+                      call["bias"])
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("out_dtype", FLOAT_DTYPES, ids=dtype_id)
+def test_dequantize_out_misaligned(out_dtype, device):
+    """dequantize.out into a view that starts one element off 16 bytes, and (fp32 out) a packed weight 8 but not 16
+    bytes aligned: the element-wise path, the same bits as an aligned call."""
+    packed, args = weight_on(device, (40, 320), "nf4", 64, nested=True)
+    expected = torch.ops.nf4.dequantize(packed, dtype=out_dtype, **args)
+    out = shifted(torch.empty_like(expected), 1)
+    assert out.data_ptr() % 16
+    torch.ops.nf4.dequantize.out(packed, dtype=out_dtype, out=out, **args)
+    assert torch.equal(out, expected)
+    packed_8 = shifted(packed.view(torch.uint8).flatten(), 8)
+    assert packed_8.data_ptr() % 16 == 8
+    assert torch.equal(torch.ops.nf4.dequantize(packed_8, dtype=out_dtype, **args), expected)
+
+
 # Shapes that reach every path of the tensor-core kernel (csrc/gemv.cu), each with the second kernel that
 # adds shared tiles' parts launched or not. Stream-K: more 16-row tiles than warps, so warps' runs of turns
 # (and their staged copies) cross tiles, with a last tile of 8 rows (rows past W's end are zero-filled) and
