@@ -2311,9 +2311,9 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
     // one warp per row of W and no loop over rows: a grid past a launch's limit would wrap and leave rows unwritten
     const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
     TORCH_CHECK(blocks <= std::numeric_limits<int>::max(), "nf4::gemv: shape[0] (N) = " + std::to_string(rows) +
-                " needs " + std::to_string(blocks) + " CUDA blocks of the fused kernel (taken where K = " +
-                std::to_string(cols) + " is no multiple of 256 or x or packed is not 16-byte aligned), more than a "
-                "launch allows (" + std::to_string(std::numeric_limits<int>::max()) + ")");
+                " needs " + std::to_string(blocks) + " CUDA blocks of the fused kernel (taken where no tensor-core kernel applies: here K = " +
+                std::to_string(cols) + ", or an input's alignment, blocksize or the GPU), more than a launch allows (" +
+                std::to_string(std::numeric_limits<int>::max()) + ")");
     const bool vectorize = cols % kChunkElements == 0 && is_aligned_16(bytes) && is_aligned_16(x_data);
     launch_kernel(vectorize ? fused_gemv_kernel<T, true> : fused_gemv_kernel<T, false>, dim3(static_cast<unsigned>(blocks)),
                   kWarpsPerBlock * 32, 0, stream, 1, x_data, bytes, scales, spec.quant_type, spec.blocksize_log2, rows,

@@ -152,11 +152,20 @@ def _frozen(packed: torch.Tensor) -> torch.Tensor:
     return packed.detach()
 
 
+def _functorch_transform_active() -> bool:
+    """Under torch.func's transforms (vmap, grad) a batched or wrapped x reports requires_grad=False whether or not
+    the tensor under it needs a gradient, so the rule is taken there always: vmap of a call whose x required grad
+    then backward, or grad of a vmap, reached the op's not-implemented autograd kernel. (Not asked when compiling:
+    torch.compile traces the transforms itself.)"""
+    return not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active()
+
+
 def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Optional[torch.Tensor]) -> torch.Tensor:
     """gemv on op arguments already taken from a QuantState, with the autograd rule where x or bias need gradients
     (patch()'s forward calls it per layer and call)."""
     packed = _frozen(packed)
-    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)
+                                    or _functorch_transform_active()):
         return _Nf4Linear.apply(x, bias, packed, args)
     return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
 

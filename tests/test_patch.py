@@ -213,6 +213,14 @@ def test_gemv_wrapper_under_torch_func_transforms():
                                           layer.bias)
     torch.testing.assert_close(torch.func.vmap(layer)(xs), expected)
     torch.testing.assert_close(torch.func.vmap(layer, in_dims=1, out_dims=1)(xs), expected)
+    # a batched x reports requires_grad=False under vmap whatever the tensor under it: the rule is taken there anyway
+    # (vmap then backward, and grad of a vmap, reached the op's not-implemented autograd kernel; a review's probe)
+    xs = torch.randn(4, 3, 96, requires_grad=True)
+    torch.func.vmap(lambda x: nf4_ops.gemv(x, packed, state))(xs).sum().backward()
+    torch.testing.assert_close(xs.grad, weight.sum(0).expand(4, 3, 96))
+    grad_xs = torch.func.grad(lambda x: torch.func.vmap(lambda y: nf4_ops.gemv(y, packed, state, bias))(x).sum())(
+        xs.detach())
+    torch.testing.assert_close(grad_xs, weight.sum(0).expand(4, 3, 96))
 
 
 def test_gemv_batching_rule():
