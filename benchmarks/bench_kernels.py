@@ -103,10 +103,10 @@ class Row:
 def graph_chains(input_sets: int, min_calls: int) -> list[list[int]]:
     """Which input sets each timed graph calls fn on, in order (copies_for makes their count a divisor or a multiple
     of min_calls). Up to min_calls sets (or with min_calls 1): one graph that cycles through them until it holds
-    min_calls calls. More sets than that (the small layers, whose copies
-    must number up to 64 to exceed ROTATE_BYTES): graphs of min_calls sets each, replayed in turn, so that every
-    layer's chain has the same length (a replay's launch weighs the same per call) while the sets rotated through
-    still exceed L2; the last graph fills up from the first sets, which copies_for's whole graphs never need."""
+    min_calls calls. More sets than that (the small layers, whose copies must number up to 64 to exceed
+    ROTATE_BYTES): graphs of min_calls sets each, replayed in turn, so that every layer's chain has the same length (a
+    replay's launch weighs the same per call) while the sets rotated through still exceed L2; the last graph fills up
+    from the first sets, which copies_for's whole graphs never need."""
     if min_calls <= 1 or input_sets <= min_calls:
         return [[i % input_sets for i in range(max(input_sets, min_calls))]]
     return [[(first + i) % input_sets for i in range(min_calls)] for first in range(0, input_sets, min_calls)]

@@ -224,13 +224,13 @@ def _versions(weight: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
     return tuple(-1 if t.is_inference() else t._version for t in weight)
 
 
-def _gemv_vmap(info, in_dims, x, packed, absmax, blocksize, quant_type, shape, *rest):
-    """nf4::gemv's batching rule for torch.func.vmap. A batch dimension of x alone joins x's leading dimensions, which
-    the op takes as rows: one call. A batched weight or bias (an ensemble of layers) is one call per member, stacked.
-    Without a rule functorch called the op once per batch element in every case."""
-    args = (x, packed, absmax, blocksize, quant_type, shape, *rest)
+def _gemv_vmap(info, in_dims, *args):
+    """nf4::gemv's batching rule for torch.func.vmap (args in the schema's order, x first; the SymInt[] shape's
+    in_dims is a list). A batch dimension of x alone joins x's leading dimensions, which the op takes as rows: one
+    call. A batched weight or bias (an ensemble of layers) is one call per member, stacked. Without a rule functorch
+    called the op once per batch element in every case."""
     if all(dim is None for dim in in_dims[1:] if not isinstance(dim, (list, tuple))):
-        return torch.ops.nf4.gemv(x.movedim(in_dims[0], 0), *args[1:]), 0
+        return torch.ops.nf4.gemv(args[0].movedim(in_dims[0], 0), *args[1:]), 0
     members = [[arg if dim is None or isinstance(dim, (list, tuple)) else arg.select(dim, member)
                 for arg, dim in zip(args, in_dims)] for member in range(info.batch_size)]  # fmt: skip
     return torch.stack([torch.ops.nf4.gemv(*member) for member in members]), 0

@@ -43,10 +43,6 @@ echo "== installing ${pins[*]}"
 rm -rf "$work/src"
 git clone -q "$repo" "$work/src"
 cd "$work/src"
-# As scripts/setup_env.sh: a bare `nvcc` on PATH may be a wrapper script, from which torch guesses the wrong CUDA_HOME.
-if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
-  export CUDA_HOME=/usr/local/cuda
-fi
 echo "== building $(git rev-parse --short HEAD) with Python $python_version"
 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$work/venv/bin/python" setup.py build_ext --inplace >"$work/build.log" 2>&1 \
   || { tail -n 40 "$work/build.log"; echo "== build failed (the log's last 40 lines above)"; exit 1; }

@@ -30,11 +30,8 @@ if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m p
   exit 1
 fi
 
-# A bare `nvcc` on PATH may be a wrapper script, from which torch guesses the wrong CUDA_HOME.
-if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
-  export CUDA_HOME=/usr/local/cuda
-fi
-echo "== building nf4_ops._C (CUDA_HOME=${CUDA_HOME:-none}, archs ${TORCH_CUDA_ARCH_LIST:-default})"
+# setup.py picks CUDA_HOME where it is unset (an nvcc wrapper on PATH included) and says when it builds CPU-only
+echo "== building nf4_ops._C (CUDA_HOME=${CUDA_HOME:-unset, setup.py picks it}, archs ${TORCH_CUDA_ARCH_LIST:-default})"
 MAX_JOBS="${MAX_JOBS:-$(nproc)}" .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
 .venv/bin/python -c "import nf4_ops, torch; print('== nf4_ops built; torch', torch.__version__, \
 '| CUDA kernels:', torch._C._dispatch_has_kernel_for_dispatch_key('nf4::gemv', 'CUDA'))"
