@@ -53,7 +53,7 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
   step sass "$PY" benchmarks/sass_report.py  # the gemv kernels' SASS by opcode; last line: NOTES gemv rows 71-74
   # the seeded random calls in a step of their own (~20 s on an H100 or an H200), so that the build and the main
   # pytest step fit one 10-minute call and the random calls go with the second one's steps (README, "GPU suite")
-  step pytest "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_random_calls.py
+  step pytest "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_random_calls.py --durations=40
   step pytest_random "$PY" -m pytest tests/test_random_calls.py -q -p no:cacheprovider
   # the tests' CPU cases again on the path of a CPU without AVX-512, as scripts/test.sh runs them
   step pytest_cpu_scalar env NF4_OPS_AVX512=0 "$PY" -m pytest tests -q -p no:cacheprovider -k cpu
