@@ -11,7 +11,8 @@
 # GPU of the same kernels may take fewer to fit a time limit, and the summary then lists only the steps that ran.
 # SKIP_STEPS: step names not to run (e.g. "pytest" in a second call on the same warm machine, when one call's time
 # limit cannot hold every step); the summary lists them as skipped. Steps: build sass pytest pytest_random
-# pytest_cpu_scalar pytest_tc memcheck racecheck memcheck_tc bench variants (and decode decode_compiled with DECODE=1).
+# pytest_cpu_scalar pytest_tc memcheck racecheck memcheck_tc bench variants pytest_decode_smoke (and decode
+# decode_compiled with DECODE=1).
 # Uses the machine's python3 and torch. bitsandbytes, if not installed, may be carried in .gpu/site
 # (see README, "GPU suite").
 set -uo pipefail
@@ -53,7 +54,10 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
   step sass "$PY" benchmarks/sass_report.py  # the gemv kernels' SASS by opcode; last line: NOTES gemv rows 71-74
   # the seeded random calls in a step of their own (~20 s on an H100 or an H200), so that the build and the main
   # pytest step fit one 10-minute call and the random calls go with the second one's steps (README, "GPU suite")
-  step pytest "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_random_calls.py --durations=40
+  # the decode benchmark's smoke test hides the GPU (it times a small model on the CPU, as CI runs it) and takes ~115 s
+  # here: a step of its own, after the benchmarks, so that the build and this step fit one call (README, "GPU suite")
+  step pytest "$PY" -m pytest tests -q -p no:cacheprovider --ignore=tests/test_random_calls.py \
+    --ignore=tests/test_bench_decode.py --durations=40
   step pytest_random "$PY" -m pytest tests/test_random_calls.py -q -p no:cacheprovider
   # the tests' CPU cases again on the path of a CPU without AVX-512, as scripts/test.sh runs them
   step pytest_cpu_scalar env NF4_OPS_AVX512=0 "$PY" -m pytest tests -q -p no:cacheprovider -k cpu
@@ -69,6 +73,7 @@ if step build env TORCH_CUDA_ARCH_LIST="$ARCH" MAX_JOBS="$(nproc)" "$PY" setup.p
     "$PY" scripts/sanitizer_workload.py
   step bench "$PY" benchmarks/bench_kernels.py --out "$OUT" "${BENCH_ARGS[@]}"
   step variants "$PY" benchmarks/bench_dequantize_variants.py --out "$OUT"  # NF4/FP4, every dtype and blocksize
+  step pytest_decode_smoke "$PY" -m pytest tests/test_bench_decode.py -q -p no:cacheprovider
   # the end-to-end decode step (bf16, bitsandbytes, nf4-ops), when asked: DECODE=1 (the suite is near a 10-minute
   # call's limit on an H100 without it)
   # eager ops, then compiled as transformers' compiled decode runs them
