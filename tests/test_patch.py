@@ -105,6 +105,23 @@ def test_quant_storage_dtypes(storage, tmp_root):
     assert relative_error(logits(model), expected) < LOGIT_RTOL[torch.float32]
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["plain", "nested"])
+def test_prequantized_checkpoint_reloaded_and_patched(nested, tmp_root, tmp_path):
+    """A 4-bit checkpoint saved with save_pretrained (as the hubs' "-bnb-4bit" models are) and loaded again: its
+    quant states come from the saved dicts (QuantState.from_dict), not from quantizing, and patch takes them."""
+    first = load_4bit(saved_tiny_model("llama", tmp_root), nested=nested)
+    first.save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="cpu", dtype=torch.float32).train()
+    layers = linear4bit_layers(model)
+    assert layers and all(m.weight.quant_state.nested == nested for m in layers)
+    assert all(torch.equal(a.weight, b.weight) for a, b in zip(layers, linear4bit_layers(first)))
+    expected, decode_expected = logits(model), logits(model, PROMPT[:, :1])
+    nf4_ops.patch(model)
+    assert all(nf4_ops.is_patched(m) for m in layers)
+    assert relative_error(logits(model), expected) < LOGIT_RTOL[torch.float32]
+    assert relative_error(logits(model, PROMPT[:, :1]), decode_expected) < LOGIT_RTOL[torch.float32]
+
+
 def test_fp16_compute_and_hf_default_fp32(tmp_root):
     """fp16 compute, and HF's default (fp32 compute with fp4) on fp16 inputs: bnb's dtype rules."""
     path = saved_tiny_model("llama", tmp_root)
