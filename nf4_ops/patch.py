@@ -30,6 +30,7 @@ import weakref
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .ops import REPACKED_FOR_CPU, linear, quant_state_args
 
@@ -107,11 +108,13 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
                              f"quant_state and is not bitsandbytes' packed [n, 1] that the layer's quant_state could "
                              f"go back on: it was never quantized; quantize it through bitsandbytes (e.g. .to(device)) "
                              f"first")
-    if getattr(weight, "quant_state", None) is None and not isinstance(weight, bnb.nn.Params4bit):
-        # A plain tensor in the weight's place: torch.export's default (non-strict) mode puts a fake tensor there, FSDP
-        # a flat parameter's view. bitsandbytes' recovery would wrap it in a new Params4bit, which a fake tensor cannot
-        # become (the export failed); the layer's own quant_state gives the same arguments, and the module is left as
-        # it is.
+    if (getattr(weight, "quant_state", None) is None and not isinstance(weight, bnb.nn.Params4bit)
+            and (torch.compiler.is_compiling() or is_fake(weight))):
+        # A plain fake tensor in the weight's place (torch.export's default, non-strict mode) or one being traced:
+        # bitsandbytes' recovery would wrap it in a new Params4bit, which a fake tensor cannot become (the export
+        # failed); the layer's own quant_state gives the same arguments, and the module is left as it is. A real
+        # plain tensor (load_state_dict(assign=True), FSDP) takes the recovery below, as in bitsandbytes' forward:
+        # left plain, the layer's state_dict and save_pretrained lose its quant state.
         quant_state = self.quant_state
     else:
         bnb.nn.modules.fix_4bit_weight_quant_state_from_module(self)

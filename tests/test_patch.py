@@ -122,6 +122,26 @@ def test_prequantized_checkpoint_reloaded_and_patched(nested, tmp_root, tmp_path
     assert relative_error(logits(model, PROMPT[:, :1]), decode_expected) < LOGIT_RTOL[torch.float32]
 
 
+def test_state_dict_assigned_weights_get_their_quant_state_back(tmp_root, tmp_path):
+    """load_state_dict(..., assign=True) puts plain parameters in the weights' place; bitsandbytes' forward wraps
+    them back into Params4bit with the layer's quant state, and so must the patched one, or the layer's state_dict
+    (and save_pretrained) loses the quant state."""
+    path = saved_tiny_model("llama", tmp_root)
+    source = load_4bit(path)
+    expected = logits(source)
+    state_dict = {k: v.clone() for k, v in source.state_dict().items()}
+    model = nf4_ops.patch(load_4bit(path))
+    model.load_state_dict(state_dict, strict=False, assign=True)
+    assert not any(isinstance(m.weight, bnb.nn.Params4bit) for m in linear4bit_layers(model))  # what assign does
+    assert relative_error(logits(model), expected) < LOGIT_RTOL[torch.float32]
+    assert all(isinstance(m.weight, bnb.nn.Params4bit) and m.weight.quant_state is m.quant_state
+               for m in linear4bit_layers(model))
+    assert model.state_dict().keys() == source.state_dict().keys()
+    model.save_pretrained(tmp_path)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="cpu", dtype=torch.float32)
+    assert relative_error(logits(reloaded.train()), expected) < LOGIT_RTOL[torch.float32]
+
+
 def test_fp16_compute_and_hf_default_fp32(tmp_root):
     """fp16 compute, and HF's default (fp32 compute with fp4) on fp16 inputs: bnb's dtype rules."""
     path = saved_tiny_model("llama", tmp_root)
