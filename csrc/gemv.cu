@@ -2268,7 +2268,7 @@ at::Tensor gemv_cuda(NF4_GEMV_PARAMS) {
   if (x_rows > fused_max_rows) {
     const at::Tensor w = dequantize_cuda(packed, absmax, blocksize, quant_type, shape, x.scalar_type(),
                                          nested_absmax, nested_code, nested_offset, nested_blocksize);
-    return at::linear(x_2d, w, bias).reshape_symint(out_shape);
+    return linear_outside_autocast(x_2d, w, bias).reshape_symint(out_shape);
   }
 
   at::Tensor out = at::empty({x_rows, rows}, x.options());

@@ -3,6 +3,7 @@
 // bf16 for bf16 x on CPUs with AVX512-BF16, else fp32) and torch's CPU matmul does the rest.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <vector>
@@ -64,6 +65,11 @@ void fused_gemv_cpu(const WeightSpec& spec, const uint8_t* bytes, const BlockSca
 
 }  // namespace
 
+at::Tensor linear_outside_autocast(const at::Tensor& x, const at::Tensor& w, const OptTensor& bias) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return at::linear(x, w, bias);
+}
+
 at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
   const WeightSpec spec = check_gemv_args(x, packed, absmax, blocksize, quant_type, shape, bias, nested_absmax,
                                           nested_code, nested_offset, nested_blocksize);
@@ -88,7 +94,7 @@ at::Tensor gemv_cpu(NF4_GEMV_PARAMS) {
     const at::Tensor w = dequantize_cpu(packed, absmax, blocksize, quant_type, shape, dense, nested_absmax,
                                         nested_code, nested_offset, nested_blocksize);
     const OptTensor dense_bias = bias.has_value() ? OptTensor(bias->to(dense)) : std::nullopt;
-    return at::linear(x_2d.to(dense), w, dense_bias).to(x.scalar_type()).reshape_symint(out_shape);
+    return linear_outside_autocast(x_2d.to(dense), w, dense_bias).to(x.scalar_type()).reshape_symint(out_shape);
   }
 
   at::Tensor out = at::empty({x_rows, rows}, x.options());

@@ -16,6 +16,12 @@ namespace nf4 {
 
 using OptTensor = std::optional<at::Tensor>;
 
+// x @ w.T + bias by torch's matmul, as nf4::gemv's dense path (the weight dequantized, then cuBLAS or the CPU's
+// matmul) computes it: outside any autocast region of the caller, so that nf4::gemv computes in x's dtype whatever
+// its row count and whether eager or compiled (a custom op has no autocast kernel, and without this guard the
+// caller's autocast reached this inner call alone, in eager mode only). Defined in gemv_cpu.cpp.
+at::Tensor linear_outside_autocast(const at::Tensor& x, const at::Tensor& w, const OptTensor& bias);
+
 // What the validator learned about a packed weight; sizes stay symbolic for the Meta kernels.
 struct WeightSpec {
   QuantType quant_type;

@@ -143,6 +143,13 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
         if bias.dtype != x.dtype and not torch.compiler.is_compiling():
             bias.data = bias.data.to(x.dtype)
         bias = bias.to(x.dtype)
+    if torch.is_autocast_enabled(x.device.type) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        # bitsandbytes' matmul is F.linear on the dequantized weight, which autocast runs in its own dtype (the
+        # nf4 ops themselves compute in x's dtype whatever autocast says): so x and bias go to that dtype for this
+        # call, as autocast casts F.linear's floating inputs but float64
+        autocast_dtype = torch.get_autocast_dtype(x.device.type)
+        x = x.to(autocast_dtype)
+        bias = bias.to(autocast_dtype) if bias is not None else None
     return linear(x, self.weight, quant_state_args(quant_state), bias).to(input_dtype)
 
 

@@ -93,6 +93,22 @@ def test_gemv_blocksizes_and_storages(blocksize, storage, device):
 
 
 @pytest.mark.parametrize("device", ALL_DEVICES)
+@pytest.mark.parametrize("rows", [1, 9, 64], ids=lambda m: f"M{m}")
+def test_gemv_computes_in_x_dtype_under_autocast(rows, device):
+    """nf4::gemv has no autocast kernel, so it computes in x's dtype whatever the caller's autocast says, on every
+    path: its dense path's inner matmul (more rows than the fused kernels take) took the caller's autocast, in eager
+    mode only, so eager and compiled calls differed."""
+    packed, args = weight_on(device, (64, 256))
+    x = random_x((rows, 256), torch.float32, device)
+    bias = random_x((64,), torch.float32, device, seed=3)
+    expected = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast(device, dtype=dtype):
+            out = torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        assert out.dtype == torch.float32 and torch.equal(out, expected), dtype
+
+
+@pytest.mark.parametrize("device", ALL_DEVICES)
 @pytest.mark.parametrize("leading", [(), (2, 3), (2, 7), (4, 0), (1, 1, 5)], ids=str)
 def test_gemv_leading_dims(leading, device):
     packed, args = weight_on(device, (48, 512), "fp4", 128, True)

@@ -142,6 +142,29 @@ def test_state_dict_assigned_weights_get_their_quant_state_back(tmp_root, tmp_pa
     assert relative_error(logits(reloaded.train()), expected) < LOGIT_RTOL[torch.float32]
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autocast_runs_patched_layers_in_its_dtype(compiled, tmp_root):
+    """Under torch.autocast bitsandbytes' matmul (F.linear on the dequantized weight) runs in autocast's dtype, so a
+    patched layer does too, at every row count, eager or compiled; its stored bias keeps its dtype."""
+    model = load_4bit(saved_tiny_model("qwen2", tmp_root))  # fp32 compute; qwen2's q/k/v have a bias
+    layer = model.model.layers[0].self_attn.q_proj
+    assert layer.bias is not None
+    torch.manual_seed(0)
+    inputs = [torch.randn(1, 256), torch.randn(12, 256)]  # the fused path and the dense one
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = [layer(x) for x in inputs]  # bitsandbytes' own forward
+    nf4_ops.patch(model)
+    run = torch.compile(layer, fullgraph=True, backend="aot_eager") if compiled else layer
+    for x, bnb_out in zip(inputs, expected):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = run(x)
+        in_bf16 = nf4_ops.gemv(x.to(torch.bfloat16), layer.weight, layer.weight.quant_state,
+                               bias=layer.bias.to(torch.bfloat16))
+        assert out.dtype == torch.float32 and torch.equal(out, in_bf16.float())
+        assert relative_error(out, bnb_out) < LOGIT_RTOL[torch.bfloat16]
+    assert layer.bias.dtype == torch.float32
+
+
 def test_fp16_compute_and_hf_default_fp32(tmp_root):
     """fp16 compute, and HF's default (fp32 compute with fp4) on fp16 inputs: bnb's dtype rules."""
     path = saved_tiny_model("llama", tmp_root)
