@@ -167,7 +167,8 @@ def _is_patched_forward(value) -> bool:
 class _SavedForward:
     """How a layer's forward looked before patch(): which attribute was replaced and its old value."""
 
-    def __init__(self, module, kernel_devices: frozenset):
+    def __init__(self, module, name: str, kernel_devices: frozenset):
+        self.name = name  # the layer's name in the model patch() was given, for the warning of a layer that changed
         self.kernel_devices = kernel_devices
         self.attribute = _forward_attribute(module)
         self.had_instance_attribute = self.attribute in module.__dict__
@@ -198,7 +199,8 @@ def _warn_once(module, reason: str) -> None:
     saved = getattr(module, _SAVED)
     if not saved.warned:
         saved.warned = True
-        warnings.warn(f"nf4_ops: a patched Linear4bit runs its original forward: {reason}", stacklevel=3)
+        warnings.warn(f"nf4_ops: the patched Linear4bit {saved.name!r} runs its original forward (once patched, it "
+                      f"changed): {reason}", stacklevel=3)
 
 
 def _linear4bit_layers(model):
@@ -297,7 +299,7 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
         if reason is not None:
             left_alone.append(f"{name or '<model>'}: {reason}")
             continue
-        saved = _SavedForward(module, kernel_devices)
+        saved = _SavedForward(module, name or "<model>", kernel_devices)
         setattr(module, _SAVED, saved)
         setattr(module, saved.attribute, _patched_forward_of(module))
     _mark_quantizer_compileable(model, [module for _, module in layers])

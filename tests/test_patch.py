@@ -546,7 +546,9 @@ def test_layer_changed_after_patch_falls_back_once(tmp_root):
     layer._nf4_ops_saved_forward.call_original = lambda module, x: calls.append(1) or original(module, x)
     layer.weight.quant_state.packing_format_for_cpu = True
     try:
-        with pytest.warns(UserWarning, match="runs its original forward: weight repacked"):
+        # the warning names the layer (a helper's audit: it said "a patched Linear4bit" and pointed into torch)
+        with pytest.warns(UserWarning, match=r"Linear4bit 'model\.layers\.0\.self_attn\.q_proj' runs its original "
+                                             r"forward \(once patched, it changed\): weight repacked"):
             layer(x)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no second warning
