@@ -141,6 +141,8 @@ def gemv(
     _check_tensor("x", x)
     _check_tensor("packed", packed)
     _check_tensor("bias", bias, optional=True)
+    if bias is not None and bias.dtype != x.dtype:  # linear() would take it; the op's contract does not
+        raise TypeError(f"nf4_ops.gemv: bias must be {x.dtype} (x's dtype), got {bias.dtype}")
     return linear(x, packed, quant_state_args(quant_state), bias)
 
 
@@ -162,12 +164,18 @@ def _functorch_transform_active() -> bool:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, args: dict[str, Any], bias: Optional[torch.Tensor]) -> torch.Tensor:
     """gemv on op arguments already taken from a QuantState, with the autograd rule where x or bias need gradients
-    (patch()'s forward calls it per layer and call)."""
+    (patch()'s forward calls it per layer and call). A bias of another dtype than x (a patched layer's, in its compute
+    dtype, under autocast) goes to the op in x's dtype, and its gradient is summed in its own dtype, as bitsandbytes'
+    MatMul4Bit does."""
     packed = _frozen(packed)
     if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)
                                     or _functorch_transform_active()):
         return _Nf4Linear.apply(x, bias, packed, args)
-    return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+    return torch.ops.nf4.gemv(x, packed, bias=_in_dtype_of(x, bias), **args)
+
+
+def _in_dtype_of(x: torch.Tensor, bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return bias if bias is None or bias.dtype == x.dtype else bias.to(x.dtype)
 
 
 class _Nf4Linear(torch.autograd.Function):
@@ -179,11 +187,12 @@ class _Nf4Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(x, bias, packed, args):
-        return torch.ops.nf4.gemv(x, packed, bias=bias, **args)
+        return torch.ops.nf4.gemv(x, packed, bias=_in_dtype_of(x, bias), **args)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, bias, packed, args = inputs
+        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.tensor_names = tuple(name for name, value in args.items() if isinstance(value, torch.Tensor))
         ctx.other_args = {name: value for name, value in args.items() if name not in ctx.tensor_names}
         weight = (packed,) + tuple(args[name] for name in ctx.tensor_names)
@@ -204,6 +213,13 @@ class _Nf4Linear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
+        # outside any autocast region: the gradients in the dtypes of x and bias, eager or compiled (a compiled backward
+        # is traced while the forward runs, so a forward under autocast put its matmul in autocast's dtype)
+        with torch.autocast(grad_y.device.type, enabled=False):
+            return _Nf4Linear._gradients(ctx, grad_y)
+
+    @staticmethod
+    def _gradients(ctx, grad_y):
         grad_x = grad_bias = None
         if ctx.needs_input_grad[0]:
             weight = ctx.saved_tensors if ctx.weight is None else ctx.weight
@@ -213,7 +229,7 @@ class _Nf4Linear(torch.autograd.Function):
             packed, args = weight[0], dict(ctx.other_args, **dict(zip(ctx.tensor_names, weight[1:])))
             grad_x = grad_y @ torch.ops.nf4.dequantize(packed, dtype=grad_y.dtype, **args)
         if ctx.needs_input_grad[1]:
-            grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)
+            grad_bias = grad_y.reshape(-1, grad_y.shape[-1]).sum(0, dtype=ctx.bias_dtype)
         return grad_x, grad_bias, None, None
 
 

@@ -144,12 +144,13 @@ def _patched_forward(self, x: torch.Tensor) -> torch.Tensor:
             bias.data = bias.data.to(x.dtype)
         bias = bias.to(x.dtype)
     if torch.is_autocast_enabled(x.device.type) and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        # bitsandbytes' matmul is F.linear on the dequantized weight, which autocast runs in its own dtype (the
-        # nf4 ops themselves compute in x's dtype whatever autocast says): so x and bias go to that dtype for this
-        # call, as autocast casts F.linear's floating inputs but float64
-        autocast_dtype = torch.get_autocast_dtype(x.device.type)
-        x = x.to(autocast_dtype)
-        bias = bias.to(autocast_dtype) if bias is not None else None
+        # Under autocast x goes to autocast's dtype, as autocast casts F.linear's floating inputs (float64 aside), at
+        # every row count, eager or compiled (the nf4 ops themselves compute in x's dtype whatever autocast says).
+        # That is bitsandbytes' eager CPU forward, whose matmul ends in F.linear on the dequantized weight; its
+        # compiled calls and its CUDA kernel for few rows stay in x's dtype, so bitsandbytes differs by path there.
+        # The bias stays in the compute dtype: linear() gives the op its value in x's dtype and sums its gradient in
+        # its own, as bitsandbytes' MatMul4Bit does.
+        x = x.to(torch.get_autocast_dtype(x.device.type))
     return linear(x, self.weight, quant_state_args(quant_state), bias).to(input_dtype)
 
 
@@ -199,7 +200,8 @@ def _warn_once(module, reason: str) -> None:
     saved = getattr(module, _SAVED)
     if not saved.warned:
         saved.warned = True
-        warnings.warn(f"nf4_ops: the patched Linear4bit {saved.name!r} runs its original forward (once patched, it "
+        name = getattr(saved, "name", "<unnamed>")  # a layer pickled by an nf4_ops before names were kept has none
+        warnings.warn(f"nf4_ops: the patched Linear4bit {name!r} runs its original forward (once patched, it "
                       f"changed): {reason}", stacklevel=3)
 
 

@@ -144,8 +144,8 @@ def test_state_dict_assigned_weights_get_their_quant_state_back(tmp_root, tmp_pa
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_autocast_runs_patched_layers_in_its_dtype(compiled, tmp_root):
-    """Under torch.autocast bitsandbytes' matmul (F.linear on the dequantized weight) runs in autocast's dtype, so a
-    patched layer does too, at every row count, eager or compiled; its stored bias keeps its dtype."""
+    """Under torch.autocast bitsandbytes' eager CPU matmul (F.linear on the dequantized weight) runs in autocast's
+    dtype, so a patched layer does too, at every row count, eager or compiled; its stored bias keeps its dtype."""
     model = load_4bit(saved_tiny_model("qwen2", tmp_root))  # fp32 compute; qwen2's q/k/v have a bias
     layer = model.model.layers[0].self_attn.q_proj
     assert layer.bias is not None
@@ -163,6 +163,54 @@ def test_autocast_runs_patched_layers_in_its_dtype(compiled, tmp_root):
         assert out.dtype == torch.float32 and torch.equal(out, in_bf16.float())
         assert relative_error(out, bnb_out) < LOGIT_RTOL[torch.bfloat16]
     assert layer.bias.dtype == torch.float32
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_autocast_training_step_gives_bitsandbytes_gradients(compiled):
+    """A training step under autocast (backward outside it): a patched layer's output, grad_x and bias gradient are
+    bitsandbytes' own, eager or compiled (a review's probe: the bias gradient was summed in bf16, where bitsandbytes'
+    MatMul4Bit sums it in the bias's dtype)."""
+    results = []
+    for patched in (False, True):
+        layer = new_quantized_layer(bias=True)
+        layer.bias.requires_grad_(True)
+        run = layer
+        if patched:
+            nf4_ops.patch(layer)
+            run = torch.compile(layer, backend="aot_eager", fullgraph=True) if compiled else layer
+        torch.manual_seed(5)
+        x = torch.randn(12, 128, requires_grad=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = run(x)
+        (y.float() ** 2).sum().backward()
+        results.append((y.detach(), x.grad, layer.bias.grad))
+    for bnb_value, patched_value in zip(*results):
+        assert patched_value.dtype == bnb_value.dtype == torch.float32 and torch.equal(patched_value, bnb_value)
+
+
+def test_gemv_wrapper_gradients_are_in_x_dtype_under_autocast():
+    """nf4_ops.gemv computes in x's dtype under autocast, backward too: a backward inside the autocast region, and a
+    compiled call's (traced while its forward ran under autocast), give the gradient of one outside it (a review's
+    probe: both were 3e-3 off, a bf16 matmul)."""
+    quantized = bnb_quantize((64, 256), "nf4", 64, nested=False)
+    torch.manual_seed(0)
+    x0, grad_y = torch.randn(12, 256), torch.randn(12, 64)
+    eager = functools.partial(nf4_ops.gemv, packed=quantized.packed, quant_state=quantized.quant_state)
+    compiled = torch.compile(eager, backend="aot_eager", fullgraph=True)
+
+    def grad_x(call, backward_inside):
+        x = x0.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = call(x)
+            if backward_inside:
+                y.backward(grad_y)
+        if not backward_inside:
+            y.backward(grad_y)
+        return x.grad
+
+    expected = grad_x(eager, False)
+    assert expected.dtype == torch.float32
+    assert torch.equal(grad_x(eager, True), expected) and torch.equal(grad_x(compiled, False), expected)
 
 
 def test_fp16_compute_and_hf_default_fp32(tmp_root):
