@@ -188,6 +188,17 @@ def test_autocast_training_step_gives_bitsandbytes_gradients(compiled):
         assert patched_value.dtype == bnb_value.dtype == torch.float32 and torch.equal(patched_value, bnb_value)
 
 
+def test_gemv_wrapper_refuses_a_bias_of_another_dtype():
+    """linear() takes a bias of another dtype (a patched layer's under autocast); nf4_ops.gemv keeps the op's
+    contract, a bias in x's dtype, with or without gradients."""
+    quantized = bnb_quantize((64, 256), "nf4", 64, nested=False)
+    for requires_grad in (False, True):
+        x = torch.randn(3, 256, requires_grad=requires_grad)
+        with pytest.raises(TypeError, match=r"nf4_ops.gemv: bias must be torch.float32 \(x's dtype\), got "
+                                            r"torch.bfloat16"):
+            nf4_ops.gemv(x, quantized.packed, quantized.quant_state, bias=torch.zeros(64, dtype=torch.bfloat16))
+
+
 def test_gemv_wrapper_gradients_are_in_x_dtype_under_autocast():
     """nf4_ops.gemv computes in x's dtype under autocast, backward too: a backward inside the autocast region, and a
     compiled call's (traced while its forward ran under autocast), give the gradient of one outside it (a review's
