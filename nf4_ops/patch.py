@@ -168,6 +168,8 @@ def _is_patched_forward(value) -> bool:
 class _SavedForward:
     """How a layer's forward looked before patch(): which attribute was replaced and its old value."""
 
+    name = "<unnamed>"  # what a layer pickled by an nf4_ops from before names were kept reads
+
     def __init__(self, module, name: str, kernel_devices: frozenset):
         self.name = name  # the layer's name in the model patch() was given, for the warning of a layer that changed
         self.kernel_devices = kernel_devices
@@ -200,8 +202,7 @@ def _warn_once(module, reason: str) -> None:
     saved = getattr(module, _SAVED)
     if not saved.warned:
         saved.warned = True
-        name = getattr(saved, "name", "<unnamed>")  # a layer pickled by an nf4_ops before names were kept has none
-        warnings.warn(f"nf4_ops: the patched Linear4bit {name!r} runs its original forward (once patched, it "
+        warnings.warn(f"nf4_ops: the patched Linear4bit {saved.name!r} runs its original forward (once patched, it "
                       f"changed): {reason}", stacklevel=3)
 
 
@@ -295,13 +296,14 @@ def patch(model: torch.nn.Module) -> torch.nn.Module:
         warnings.warn("nf4_ops.patch found no bitsandbytes Linear4bit layer in the model: nothing to patch",
                       stacklevel=2)
     for name, module in layers:
+        name = name or "<model>"  # the model itself is a Linear4bit
         if hasattr(module, _SAVED):
             continue
         reason = _unsupported_reason(module, kernel_devices) or _foreign_forward_reason(module)
         if reason is not None:
-            left_alone.append(f"{name or '<model>'}: {reason}")
+            left_alone.append(f"{name}: {reason}")
             continue
-        saved = _SavedForward(module, name or "<model>", kernel_devices)
+        saved = _SavedForward(module, name, kernel_devices)
         setattr(module, _SAVED, saved)
         setattr(module, saved.attribute, _patched_forward_of(module))
     _mark_quantizer_compileable(model, [module for _, module in layers])
